@@ -1,0 +1,36 @@
+# One virtual environment in .venv; every target installs what it needs first (idempotent).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+CONSTRAINTS ?= constraints-cpu.txt
+
+.PHONY: install quickstart test lint bench assets clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+quickstart: $(STAMP)
+	WANDB_MODE=offline $(BIN)/dspark-lightning fit --config configs/quickstart.yaml
+
+test: $(STAMP)
+	WANDB_MODE=disabled $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+assets: $(STAMP)
+	$(BIN)/python scripts/make_demo_assets.py
+
+clean:
+	rm -rf runs outputs lightning_logs wandb .pytest_cache
