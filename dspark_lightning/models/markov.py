@@ -1,0 +1,177 @@
+"""The Markov head: a low-rank logit bias from the previous token of the block.
+
+DFlash predicts a whole block in one pass, so slot k never sees the token drafted at slot k-1. The Markov head
+adds that dependency back as a rank-r bias on top of the base logits U_k:
+
+    vanilla   bias(a)      = W2^T W1[a]
+    gated     bias(a, h_k) = W2^T (W1[a] * g),  g = sigmoid(Wg [h_k ; W1[a]] + bg)   (gate_input="hidden+prev")
+                                                g = act(Wg h_k)                       (gate_input="hidden")
+    rnn       [gate, cand, out] = split(Wj [s ; W1[a] ; h_k]);  s <- sig(gate)*s + (1-sig(gate))*tanh(cand)
+              bias = W2^T tanh(out)
+
+W1 is an embedding over the *target* vocabulary (previous tokens are target ids), W2 projects to the draft
+vocabulary. Module names are the checkpoint keys: ``markov_w1`` (Embedding(V, r)), ``markov_w2``
+(Linear(r, Vd, bias=False), so its weight is W2^T with shape [Vd, r]), ``gate_proj`` and ``joint_proj``.
+
+Design choices:
+- For vanilla and gated heads the bias is ``markov_w2(transition_features(a, h))``: the r-dim "transition
+  feature" u(a, h) is exposed on its own because the Selector scores a candidate b as U(b) + u(a, h) . W2[b] for
+  k x k pairs without ever forming a Vd-wide bias (see ``dspark_lightning.selector``).
+- ``gate_input="hidden"`` with ``gate_activation="identity"`` has no gate bias: that form is exactly the DFlash-2
+  CandidateSelector (A <-> W1, B <-> W2^T, H <-> Wg). Any other gate keeps its bias.
+- ``markov_w2`` starts at zero, so a freshly initialised head leaves the base logits untouched and training
+  starts from pure DFlash behaviour; ``markov_w1`` starts N(0, 1).
+- The rnn head is path dependent (its state depends on every earlier token), so it has no transition features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+HEAD_TYPES = ("vanilla", "gated", "rnn")
+GATE_INPUTS = ("hidden+prev", "hidden")
+GATE_ACTIVATIONS = ("sigmoid", "identity")
+
+
+class MarkovHead(nn.Module):
+    """Low-rank previous-token logit bias (see module docstring for the math)."""
+
+    def __init__(
+        self,
+        verifier_vocab_size: int,
+        draft_vocab_size: int,
+        rank: int,
+        hidden_size: int,
+        head_type: str = "vanilla",
+        gate_input: str = "hidden+prev",
+        gate_activation: str = "sigmoid",
+    ) -> None:
+        super().__init__()
+        if head_type not in HEAD_TYPES:
+            raise ValueError(f"unknown Markov head_type {head_type!r}; expected one of {HEAD_TYPES}")
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(
+                f"Markov head rank must be a positive integer, got {rank!r} (use no head / markov_rank=0 to disable it)"
+            )
+        if gate_input not in GATE_INPUTS:
+            raise ValueError(f"unknown gate_input {gate_input!r}; expected one of {GATE_INPUTS}")
+        if gate_activation not in GATE_ACTIVATIONS:
+            raise ValueError(f"unknown gate_activation {gate_activation!r}; expected one of {GATE_ACTIVATIONS}")
+        for name, value in (
+            ("verifier_vocab_size", verifier_vocab_size),
+            ("draft_vocab_size", draft_vocab_size),
+            ("hidden_size", hidden_size),
+        ):
+            if value < 1:
+                raise ValueError(f"MarkovHead {name} must be >= 1, got {value}")
+        if draft_vocab_size > verifier_vocab_size:
+            raise ValueError(f"draft_vocab_size {draft_vocab_size} exceeds verifier_vocab_size {verifier_vocab_size}")
+
+        self.verifier_vocab_size = verifier_vocab_size
+        self.draft_vocab_size = draft_vocab_size
+        self.rank = rank
+        self.hidden_size = hidden_size
+        self.head_type = head_type
+        self.gate_input = gate_input
+        self.gate_activation = gate_activation
+
+        self.markov_w1 = nn.Embedding(verifier_vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
+        nn.init.normal_(self.markov_w1.weight, std=1.0)
+        nn.init.zeros_(self.markov_w2.weight)
+        if head_type == "gated":
+            in_features = hidden_size + rank if gate_input == "hidden+prev" else hidden_size
+            self.gate_proj = nn.Linear(in_features, rank, bias=gate_activation != "identity")
+        elif head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    @property
+    def is_path_dependent(self) -> bool:
+        """True for the rnn head: its bias depends on every earlier token, not only the previous one."""
+        return self.head_type == "rnn"
+
+    def extra_repr(self) -> str:
+        gate = f", gate_input={self.gate_input}, gate_activation={self.gate_activation}" if self.head_type == "gated" else ""
+        return f"head_type={self.head_type}, rank={self.rank}{gate}"
+
+    # ------------------------------------------------------------------ features
+    def gate(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
+        """The gate g (shape [..., r]) of the gated head; broadcasts ``hidden`` against ``prev_embedding``."""
+        if self.gate_input == "hidden+prev":
+            shape = torch.broadcast_shapes(hidden.shape[:-1], prev_embedding.shape[:-1])
+            joint = torch.cat((hidden.expand(*shape, hidden.shape[-1]), prev_embedding.expand(*shape, self.rank)), -1)
+            pre = self.gate_proj(joint)
+        else:
+            pre = self.gate_proj(hidden)
+        return torch.sigmoid(pre) if self.gate_activation == "sigmoid" else pre
+
+    def transition_features(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """u(a, h) with bias = W2^T u, shape broadcast(prev[...], hidden[..., H]) + [r]. Not defined for rnn."""
+        if self.is_path_dependent:
+            raise ValueError("the rnn Markov head is path dependent: it has no per-pair transition features")
+        prev_embedding = self.markov_w1(prev_token_ids)
+        if self.head_type == "vanilla":
+            return prev_embedding
+        return prev_embedding * self.gate(hidden, prev_embedding)
+
+    # ------------------------------------------------------------------ biases
+    def block_bias(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced bias for whole blocks: prev [N, B] (target ids), hidden [N, B, H] -> [N, B, Vd]."""
+        if prev_token_ids.shape != hidden.shape[:-1]:
+            raise ValueError(f"prev_token_ids {tuple(prev_token_ids.shape)} must match hidden {tuple(hidden.shape)}[:-1]")
+        if not self.is_path_dependent:
+            return self.markov_w2(self.transition_features(prev_token_ids, hidden))
+        state = None
+        biases = []
+        for slot in range(prev_token_ids.shape[1]):
+            bias, state = self.step_bias(prev_token_ids[:, slot], hidden[:, slot], state)
+            biases.append(bias)
+        return torch.stack(biases, dim=1)
+
+    def step_bias(
+        self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One slot: prev [N], hidden [N, H], state [N, r] or None -> (bias [N, Vd], new state).
+
+        The state is only used by the rnn head (it starts at zero); other heads return ``None``.
+        """
+        if not self.is_path_dependent:
+            return self.markov_w2(self.transition_features(prev_token_ids, hidden)), None
+        prev_embedding = self.markov_w1(prev_token_ids)
+        if state is None:
+            state = prev_embedding.new_zeros(prev_embedding.shape)
+        gate, candidate, out = self.joint_proj(torch.cat((state, prev_embedding, hidden), -1)).chunk(3, dim=-1)
+        keep = torch.sigmoid(gate)
+        new_state = keep * state + (1.0 - keep) * torch.tanh(candidate)
+        return self.markov_w2(torch.tanh(out)), new_state
+
+
+@dataclass
+class MarkovHeadConfig:
+    """What a config file says about the Markov head; sizes come from the target when the drafter is built.
+
+    Args:
+        rank: low-rank dimension r of the bias (>= 1; to disable the head, leave ``markov_head`` null).
+        head_type: ``vanilla`` | ``gated`` | ``rnn``.
+        gate_input: gated head only: ``hidden+prev`` (DSpark checkpoint form) or ``hidden`` (DFlash-2 form).
+        gate_activation: gated head only: ``sigmoid`` or ``identity`` (with ``hidden``: the CandidateSelector).
+    """
+
+    rank: int = 256
+    head_type: str = "vanilla"
+    gate_input: str = "hidden+prev"
+    gate_activation: str = "sigmoid"
+
+    def build(self, verifier_vocab_size: int, draft_vocab_size: int, hidden_size: int) -> MarkovHead:
+        return MarkovHead(
+            verifier_vocab_size=verifier_vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            rank=self.rank,
+            hidden_size=hidden_size,
+            head_type=self.head_type,
+            gate_input=self.gate_input,
+            gate_activation=self.gate_activation,
+        )
