@@ -1,6 +1,25 @@
 """Plain ``nn.Module`` components of a DSpark drafter (no Lightning in this package)."""
 
+from dspark_lightning.models.backbone import Anchors, BackboneConfig, DFlashBackbone, default_target_layer_ids
 from dspark_lightning.models.confidence import ConfidenceHead
+from dspark_lightning.models.drafter import DrafterConfig, DrafterOutput, DSparkDrafter
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.target import FrozenTarget, TargetFeatures, load_causal_lm
+from dspark_lightning.models.vocab import DraftVocab
 
-__all__ = ["ConfidenceHead", "MarkovHead", "MarkovHeadConfig"]
+__all__ = [
+    "Anchors",
+    "BackboneConfig",
+    "ConfidenceHead",
+    "DFlashBackbone",
+    "DSparkDrafter",
+    "DraftVocab",
+    "DrafterConfig",
+    "DrafterOutput",
+    "FrozenTarget",
+    "MarkovHead",
+    "MarkovHeadConfig",
+    "TargetFeatures",
+    "default_target_layer_ids",
+    "load_causal_lm",
+]

@@ -30,5 +30,7 @@ class ConfidenceHead(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if features.shape[-1] != self.input_dim:
-            raise ValueError(f"ConfidenceHead expects features with last dim {self.input_dim}, got {features.shape[-1]}")
+            raise ValueError(
+                f"ConfidenceHead expects features with last dim {self.input_dim}, got {features.shape[-1]}"
+            )
         return self.proj(features).squeeze(-1)

@@ -94,7 +94,11 @@ class MarkovHead(nn.Module):
         return self.head_type == "rnn"
 
     def extra_repr(self) -> str:
-        gate = f", gate_input={self.gate_input}, gate_activation={self.gate_activation}" if self.head_type == "gated" else ""
+        gate = (
+            f", gate_input={self.gate_input}, gate_activation={self.gate_activation}"
+            if self.head_type == "gated"
+            else ""
+        )
         return f"head_type={self.head_type}, rank={self.rank}{gate}"
 
     # ------------------------------------------------------------------ features
@@ -121,7 +125,9 @@ class MarkovHead(nn.Module):
     def block_bias(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced bias for whole blocks: prev [N, B] (target ids), hidden [N, B, H] -> [N, B, Vd]."""
         if prev_token_ids.shape != hidden.shape[:-1]:
-            raise ValueError(f"prev_token_ids {tuple(prev_token_ids.shape)} must match hidden {tuple(hidden.shape)}[:-1]")
+            raise ValueError(
+                f"prev_token_ids {tuple(prev_token_ids.shape)} must match hidden {tuple(hidden.shape)}[:-1]"
+            )
         if not self.is_path_dependent:
             return self.markov_w2(self.transition_features(prev_token_ids, hidden))
         state = None

@@ -1,0 +1,194 @@
+"""Draft attention: block queries read [target context features ; block tokens] as keys and values.
+
+The visibility rule (DESIGN §2): a query of block j (anchored at packed position p_j) sees
+  - context position i  iff  document(i) == document(p_j)  and  i < p_j,
+  - every slot of its own block (bidirectional), and nothing else.
+Rotary positions: context i -> position_ids[i] (position inside its document), block slot k -> position_ids[p_j] + k.
+
+Two interchangeable implementations of that rule, selected by ``attention_backend``:
+  - ``sdpa``: a dense boolean mask [b, 1, Q, S+Q] for ``scaled_dot_product_attention``. Works everywhere and
+    has a backward on CPU (FlexAttention has none on CPU in torch 2.13), so it is the CPU training path.
+  - ``flex``: a ``BlockMask`` from the same rule as a ``mask_mod``, run by a compiled ``flex_attention`` on CUDA
+    (eager, unfused, on CPU - forward only, which is what the parity test uses). The dense mask is O(Q * (S+Q))
+    booleans: at 512 anchors x 16 slots x 8k context that is ~170 MB per row, which is why GPUs use flex.
+  - ``auto``: flex on CUDA, sdpa elsewhere.
+Both are built from one ``BlockVisibility`` description so they cannot drift apart.
+
+Qwen3 details kept: per-head RMSNorm on queries and keys before rotary, grouped-query attention, no biases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, as in Qwen3."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables [..., head_dim] for integer positions (HF "rotate_half" layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, T, d]; cos/sin [b, T, d]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class BlockVisibility:
+    """Everything the mask rule needs: anchors [b, A], their validity, per-position document ids [b, S].
+
+    Padding positions carry document id -1 and are never visible. ``anchor_documents`` is the document of each
+    anchor (-2 for invalid anchors, which therefore see only their own block).
+    """
+
+    anchor_positions: torch.Tensor
+    anchor_documents: torch.Tensor
+    context_documents: torch.Tensor
+    block_size: int
+
+    @property
+    def num_queries(self) -> int:
+        return self.anchor_positions.shape[1] * self.block_size
+
+    @property
+    def context_length(self) -> int:
+        return self.context_documents.shape[1]
+
+    def dense(self) -> torch.Tensor:
+        """Boolean mask [b, 1, Q, S + Q], True = may attend."""
+        S, B = self.context_length, self.block_size
+        anchors = self.anchor_positions.repeat_interleave(B, dim=1)  # [b, Q]
+        docs = self.anchor_documents.repeat_interleave(B, dim=1)  # [b, Q]
+        ctx_idx = torch.arange(S, device=anchors.device)
+        context_visible = (self.context_documents[:, None, :] == docs[:, :, None]) & (
+            ctx_idx[None, None, :] < anchors[:, :, None]
+        )
+        block_id = torch.arange(self.num_queries, device=anchors.device) // B
+        block_visible = (block_id[:, None] == block_id[None, :]).expand(anchors.shape[0], -1, -1)
+        return torch.cat((context_visible, block_visible), dim=-1).unsqueeze(1)
+
+    def build(self, backend: str):
+        """The mask object for a resolved backend (``sdpa`` -> dense tensor, ``flex`` -> BlockMask)."""
+        return self.block_mask() if backend == "flex" else self.dense()
+
+    def block_mask(self):
+        """The same rule as a FlexAttention ``BlockMask``."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        S, B = self.context_length, self.block_size
+        batch = self.anchor_positions.shape[0]
+        pad = torch.full(
+            (batch, self.num_queries), -3, dtype=self.context_documents.dtype, device=self.context_documents.device
+        )
+        kv_documents = torch.cat((self.context_documents, pad), dim=1)
+        anchor_positions, anchor_documents = self.anchor_positions, self.anchor_documents
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            block = q_idx // B
+            in_context = (kv_idx < S) & (kv_documents[b, kv_idx] == anchor_documents[b, block])
+            in_context = in_context & (kv_idx < anchor_positions[b, block])
+            own_block = (kv_idx >= S) & ((kv_idx - S) // B == block)
+            return in_context | own_block
+
+        return create_block_mask(
+            mask_mod, batch, None, self.num_queries, S + self.num_queries, device=self.anchor_positions.device
+        )
+
+
+@cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention_backend {backend!r}; expected one of {ATTENTION_BACKENDS}")
+    if backend == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    return backend
+
+
+class DraftAttention(nn.Module):
+    """Qwen3-style grouped-query attention whose keys/values are [context features ; block tokens]."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rms_norm_eps: float,
+        rope_theta: float,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim, rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, rms_norm_eps)
+
+    def forward(
+        self,
+        block_hidden: torch.Tensor,
+        context: torch.Tensor,
+        block_positions: torch.Tensor,
+        context_positions: torch.Tensor,
+        attn_mask=None,
+    ) -> torch.Tensor:
+        """block_hidden [b, Q, H], context [b, S, H] -> [b, Q, H].
+
+        ``attn_mask`` comes from ``BlockVisibility.build(backend)``: a dense boolean tensor (SDPA), a FlexAttention
+        ``BlockMask`` (flex), or ``None`` (every query sees every key).
+        """
+        kv_input = torch.cat((context, block_hidden), dim=1)
+        kv_positions = torch.cat((context_positions, block_positions), dim=1)
+        q = self.q_norm(self.q_proj(block_hidden).unflatten(-1, (self.num_heads, self.head_dim))).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_input).unflatten(-1, (self.num_kv_heads, self.head_dim))).transpose(1, 2)
+        v = self.v_proj(kv_input).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        cos_q, sin_q = rotary_cos_sin(block_positions, self.head_dim, self.rope_theta, q.dtype)
+        cos_k, sin_k = rotary_cos_sin(kv_positions, self.head_dim, self.rope_theta, k.dtype)
+        q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
+
+        gqa = self.num_heads != self.num_kv_heads
+        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):  # a FlexAttention BlockMask
+            from torch.nn.attention.flex_attention import flex_attention
+
+            attend = _compiled_flex_attention() if q.device.type == "cuda" else flex_attention
+            out = attend(q, k, v, block_mask=attn_mask, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
+        return self.o_proj(out.transpose(1, 2).flatten(2))

@@ -1,0 +1,187 @@
+"""The DFlash block-parallel draft backbone and the anchor sampling that feeds it.
+
+Training form (DESIGN §2): up to A anchors p are drawn per packed row among supervised positions that leave a
+full block inside their document; block j is [x_p, MASK, ..., MASK] (B tokens) embedded with the target's frozen
+input embedding. The target's hidden states at ``target_layer_ids`` are concatenated and fused once
+(Linear(n*H -> H) + RMSNorm: ``fc`` and ``hidden_norm``); every draft layer then attends from the block tokens to
+[fused context ; block tokens] (see ``attention.py``). A final RMSNorm (``norm``) gives the draft hidden states.
+
+Design choices:
+- The draft layers have the target's hidden size so the target's embedding and LM head can be reused frozen.
+- Layer and parameter names follow Qwen3 (``layers.i.self_attn.q_proj`` ...), which keeps export to serving
+  formats a renaming exercise rather than a reshaping one.
+- Anchors are drawn with ``torch.rand`` scores + top-k over valid positions (uniform without replacement);
+  when a row has fewer valid positions than A the remaining anchors are marked invalid, never duplicated.
+- ``default_target_layer_ids`` follows the DFlash convention: as many target layers as draft layers, spread
+  evenly from layer 1 to layer L-3 (one layer -> the middle one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_lightning.models.attention import ATTENTION_BACKENDS, BlockVisibility, DraftAttention, RMSNorm
+
+
+def default_target_layer_ids(num_target_layers: int, num_layers: int) -> list[int]:
+    """Target decoder layers whose outputs feed the drafter: ``num_layers`` of them spread over depth."""
+    if num_layers < 1:
+        raise ValueError(f"need at least one target layer, got {num_layers}")
+    if num_layers > num_target_layers:
+        raise ValueError(f"cannot pick {num_layers} distinct layers from a {num_target_layers}-layer target")
+    if num_layers == 1:
+        return [num_target_layers // 2]
+    start = 1 if num_target_layers > num_layers else 0
+    end = max(num_target_layers - 3, start + num_layers - 1)
+    end = min(end, num_target_layers - 1)
+    return [round(start + i * (end - start) / (num_layers - 1)) for i in range(num_layers)]
+
+
+@dataclass
+class BackboneConfig:
+    """Shape of the draft backbone. ``from_target`` fills what a config file leaves as None."""
+
+    hidden_size: int
+    num_layers: int = 1
+    num_heads: int = 8
+    num_kv_heads: int = 8
+    head_dim: int = 64
+    intermediate_size: int = 1024
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    num_context_layers: int = 1
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"unknown attention_backend {self.attention_backend!r}; expected one of {ATTENTION_BACKENDS}"
+            )
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 decoder layer whose attention also reads the fused target context."""
+
+    def __init__(self, config: BackboneConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DraftAttention(
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.rms_norm_eps,
+            config.rope_theta,
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x, context, block_positions, context_positions, attn_mask):
+        x = x + self.self_attn(self.input_layernorm(x), context, block_positions, context_positions, attn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashBackbone(nn.Module):
+    """Fused target context + draft layers + final norm: block embeddings -> draft hidden states."""
+
+    def __init__(self, config: BackboneConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(config.num_context_layers * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def fuse_context(self, context_features: torch.Tensor) -> torch.Tensor:
+        """[b, S, n*H] concatenated target hidden states -> [b, S, H] context for every layer."""
+        expected = self.fc.in_features
+        if context_features.shape[-1] != expected:
+            raise ValueError(
+                f"context features have width {context_features.shape[-1]}, expected {expected} "
+                f"({self.config.num_context_layers} target layers x hidden {self.config.hidden_size})"
+            )
+        return self.hidden_norm(self.fc(context_features))
+
+    def forward(
+        self,
+        block_embeddings: torch.Tensor,
+        context: torch.Tensor,
+        block_positions: torch.Tensor,
+        context_positions: torch.Tensor,
+        attn_mask=None,
+    ) -> torch.Tensor:
+        """block_embeddings [b, Q, H], fused context [b, S, H] -> draft hidden [b, Q, H]."""
+        x = block_embeddings
+        for layer in self.layers:
+            x = layer(x, context, block_positions, context_positions, attn_mask)
+        return self.norm(x)
+
+
+@dataclass
+class Anchors:
+    """Sampled anchors: ``positions`` [b, A] (packed positions, ascending; 0 where invalid), ``valid`` [b, A]."""
+
+    positions: torch.Tensor
+    valid: torch.Tensor
+
+
+def valid_anchor_mask(
+    loss_mask: torch.Tensor, document_ids: torch.Tensor, block_size: int, sample_from_anchor: bool
+) -> torch.Tensor:
+    """[b, S] bool: supervised positions p whose whole block of predicted tokens stays in p's document.
+
+    With ``sample_from_anchor`` the block predicts p+1..p+B, otherwise p+1..p+B-1 (slot 0 is the bonus token).
+    """
+    last_offset = block_size if sample_from_anchor else block_size - 1
+    S = loss_mask.shape[1]
+    valid = loss_mask.bool() & (document_ids >= 0)
+    if last_offset >= S:
+        return torch.zeros_like(valid)
+    same_doc = torch.zeros_like(valid)
+    same_doc[:, : S - last_offset] = document_ids[:, : S - last_offset] == document_ids[:, last_offset:]
+    return valid & same_doc
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor,
+    document_ids: torch.Tensor,
+    block_size: int,
+    max_anchors: int,
+    sample_from_anchor: bool = True,
+    generator: torch.Generator | None = None,
+) -> Anchors:
+    """Draw up to ``max_anchors`` distinct valid anchors per row, uniformly without replacement."""
+    candidates = valid_anchor_mask(loss_mask, document_ids, block_size, sample_from_anchor)
+    num = min(max_anchors, candidates.shape[1])
+    scores = torch.rand(candidates.shape, generator=generator, device="cpu").to(candidates.device)
+    scores = scores.masked_fill(~candidates, -1.0)
+    top_scores, top_positions = scores.topk(num, dim=1)
+    valid = top_scores >= 0
+    positions = torch.where(valid, top_positions, torch.full_like(top_positions, candidates.shape[1]))
+    positions, order = positions.sort(dim=1)
+    valid = valid.gather(1, order)
+    positions = positions.masked_fill(~valid, 0)
+    return Anchors(positions=positions, valid=valid)
+
+
+def block_visibility(anchors: Anchors, document_ids: torch.Tensor, block_size: int) -> BlockVisibility:
+    """The attention rule for these anchors (invalid anchors see only their own block)."""
+    anchor_documents = document_ids.gather(1, anchors.positions).masked_fill(~anchors.valid, -2)
+    return BlockVisibility(anchors.positions, anchor_documents, document_ids, block_size)

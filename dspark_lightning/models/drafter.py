@@ -1,0 +1,321 @@
+"""DSparkDrafter: the DFlash backbone plus the optional Markov and confidence heads, in one ``nn.Module``.
+
+Training (``forward``) takes a packed batch (see ``dspark_lightning.data``) and the frozen target's features for
+it and returns, for every sampled block, the draft logits (base + Markov bias), the confidence logits, the teacher
+log-probabilities and validity masks. Inference (``draft``) takes the target's features for a prefix plus the
+newest token and returns one block of base logits and hidden states; the decoding modes (parallel, sequential
+Markov, Selector walk) live in ``dspark_lightning.selector`` / ``dspark_lightning.decoding``.
+
+Conventions:
+- ``sample_from_anchor=True`` (DSpark): slot k predicts the token at p+k+1, its previous token is x_{p+k}.
+  ``False`` (DFlash): slot k predicts the token at p+k; slot 0 is the bonus token and is never trained
+  (``first_trained_slot == 1``), so its row is invalid in every mask.
+- The teacher of the token at position t is the target's distribution from its final hidden state at t-1; the
+  target's LM head runs only at those A*B positions.
+- The drafter holds the target's input embedding and LM head as frozen submodules (shared objects, not copies);
+  a trainer should keep them out of checkpoints because they are re-loaded from the target.
+- Token ids are target ids everywhere outside the output layer; with a ``DraftVocab`` the base logits cover the
+  Vd draft tokens (rows ``d2t`` of the target LM head, or a trained ``draft_lm_head`` initialised from them) and
+  teacher log-probs are the target's full-vocabulary log-softmax gathered at ``d2t`` (sub-normalised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_lightning.models.attention import BlockVisibility, resolve_backend
+from dspark_lightning.models.backbone import (
+    Anchors,
+    BackboneConfig,
+    DFlashBackbone,
+    block_visibility,
+    sample_anchors,
+)
+from dspark_lightning.models.confidence import ConfidenceHead
+from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.vocab import DraftVocab
+
+
+@dataclass
+class DrafterConfig:
+    """Everything that defines a drafter besides the target it drafts for.
+
+    Args:
+        block_size: tokens per draft block B (>= 2).
+        num_layers: draft decoder layers.
+        max_anchors: blocks sampled per packed row in training (A).
+        sample_from_anchor: DSpark convention (True) or DFlash convention (False), see module docstring.
+        mask_token_id: id of the mask token filling slots 1..B-1 (must exist in the target vocabulary).
+        target_layer_ids: target decoder layers feeding the context; None = DFlash default spread.
+        markov_head: the Markov head, or None for pure DFlash.
+        confidence_head: attach the acceptance-probability head.
+        confidence_with_markov: feed the Markov head's previous-token embedding to the confidence head.
+        train_lm_head: with a draft vocabulary, train a separate draft LM head (else reuse target rows, frozen).
+        num_heads, num_kv_heads, head_dim, intermediate_size: draft layer shape; None = the target's.
+        attention_backend: ``auto`` (flex on CUDA, sdpa otherwise), ``sdpa`` or ``flex``.
+    """
+
+    block_size: int = 8
+    num_layers: int = 1
+    max_anchors: int = 64
+    sample_from_anchor: bool = True
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None
+    markov_head: MarkovHeadConfig | None = field(default_factory=MarkovHeadConfig)
+    confidence_head: bool = True
+    confidence_with_markov: bool = True
+    train_lm_head: bool = False
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if self.max_anchors < 1:
+            raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
+        if isinstance(self.markov_head, dict):
+            self.markov_head = MarkovHeadConfig(**self.markov_head)
+        if self.markov_head is not None and self.markov_head.rank == 0:
+            self.markov_head = None  # rank 0 means "no head", as in the DSpark CLI
+        if self.markov_head is not None and self.markov_head.rank < 0:
+            raise ValueError(f"Markov head rank must be >= 0, got {self.markov_head.rank}")
+        if self.confidence_head and self.confidence_with_markov and self.markov_head is None:
+            raise ValueError(
+                "confidence_with_markov=True needs a Markov head: set confidence_with_markov: false "
+                "(or add a markov_head) when training pure DFlash"
+            )
+
+    @property
+    def first_trained_slot(self) -> int:
+        return 0 if self.sample_from_anchor else 1
+
+
+@dataclass
+class DrafterOutput:
+    """Per block b (row) x a (anchor) x k (slot); N = b*A blocks when flattened."""
+
+    logits: torch.Tensor  # [b, A, B, Vd] base + Markov bias
+    base_logits: torch.Tensor  # [b, A, B, Vd]
+    hidden: torch.Tensor  # [b, A, B, H]
+    confidence_logits: torch.Tensor | None  # [b, A, B]
+    teacher_logprobs: torch.Tensor  # [b, A, B, Vd]
+    slot_valid: torch.Tensor  # [b, A, B] bool
+    prev_tokens: torch.Tensor  # [b, A, B] target ids
+    target_tokens: torch.Tensor  # [b, A, B] target ids of the predicted tokens
+    anchors: Anchors
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(
+        self,
+        config: DrafterConfig,
+        backbone_config: BackboneConfig,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear,
+        draft_vocab: DraftVocab | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        vocab_size = embed_tokens.weight.shape[0]
+        if config.mask_token_id is None or not 0 <= config.mask_token_id < vocab_size:
+            raise ValueError(
+                f"mask_token_id must be a token id of the target vocabulary [0, {vocab_size}), "
+                f"got {config.mask_token_id} (set it from the tokenizer's mask token)"
+            )
+        self.verifier_vocab_size = vocab_size
+        self.backbone = DFlashBackbone(backbone_config)
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.draft_vocab = draft_vocab
+        self.draft_vocab_size = draft_vocab.draft_vocab_size if draft_vocab is not None else vocab_size
+        self.draft_lm_head = None
+        if draft_vocab is not None and config.train_lm_head:
+            self.draft_lm_head = nn.Linear(backbone_config.hidden_size, self.draft_vocab_size, bias=False)
+            with torch.no_grad():
+                self.draft_lm_head.weight.copy_(lm_head.weight[draft_vocab.d2t])
+        hidden = backbone_config.hidden_size
+        self.markov_head: MarkovHead | None = (
+            config.markov_head.build(vocab_size, self.draft_vocab_size, hidden) if config.markov_head else None
+        )
+        self.confidence_head: ConfidenceHead | None = None
+        if config.confidence_head:
+            extra = self.markov_head.rank if config.confidence_with_markov else 0
+            self.confidence_head = ConfidenceHead(hidden + extra)
+        embed_tokens.requires_grad_(False)
+        lm_head.requires_grad_(False)
+
+    @classmethod
+    def for_target(cls, config: DrafterConfig, target, draft_vocab: DraftVocab | None = None) -> DSparkDrafter:
+        """Build a drafter shaped after a ``FrozenTarget`` (its hidden size, heads, rotary base, layers)."""
+        tc = target.config
+        head_dim = config.head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        backbone_config = BackboneConfig(
+            hidden_size=tc.hidden_size,
+            num_layers=config.num_layers,
+            num_heads=config.num_heads or tc.num_attention_heads,
+            num_kv_heads=config.num_kv_heads or getattr(tc, "num_key_value_heads", tc.num_attention_heads),
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size or tc.intermediate_size,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(tc),
+            num_context_layers=len(target.target_layer_ids),
+            attention_backend=config.attention_backend,
+        )
+        return cls(config, backbone_config, target.embed_tokens, target.lm_head, draft_vocab)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def d2t(self) -> torch.Tensor | None:
+        return self.draft_vocab.d2t if self.draft_vocab is not None else None
+
+    # ------------------------------------------------------------------ shared pieces
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Base logits U over the draft vocabulary."""
+        if self.draft_lm_head is not None:
+            return self.draft_lm_head(hidden)
+        if self.draft_vocab is not None:
+            return F.linear(hidden, self.lm_head.weight[self.draft_vocab.d2t])
+        return self.lm_head(hidden)
+
+    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
+        if self.confidence_head is None:
+            return None
+        features = hidden
+        if self.config.confidence_with_markov:
+            features = torch.cat((hidden, self.markov_head.markov_w1(prev_tokens).to(hidden.dtype)), dim=-1)
+        return self.confidence_head(features)
+
+    def _block_embeddings(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
+        """[..., ] anchor ids -> embeddings of [x_p, MASK, ..., MASK]: [..., B, H]."""
+        B = self.block_size
+        tokens = torch.full((*anchor_tokens.shape, B), self.config.mask_token_id, device=anchor_tokens.device)
+        tokens[..., 0] = anchor_tokens
+        return self.embed_tokens(tokens)
+
+    def _run_backbone(self, anchor_tokens, anchor_rotary, context_features, context_positions, visibility):
+        """anchor_tokens/anchor_rotary [b, A] -> draft hidden [b, A, B, H]."""
+        b, A = anchor_tokens.shape
+        B = self.block_size
+        block = self._block_embeddings(anchor_tokens).flatten(1, 2)
+        context = self.backbone.fuse_context(context_features.to(block.dtype))
+        block_positions = (anchor_rotary[:, :, None] + torch.arange(B, device=block.device)).flatten(1)
+        backend = resolve_backend(self.backbone.config.attention_backend, block.device)
+        attn_mask = visibility.build(backend) if visibility is not None else None
+        hidden = self.backbone(block, context, block_positions, context_positions, attn_mask)
+        return hidden.view(b, A, B, -1)
+
+    # ------------------------------------------------------------------ training
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        document_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        context_features: torch.Tensor,
+        final_hidden: torch.Tensor,
+        anchors: Anchors | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DrafterOutput:
+        """Teacher-forced training forward over a packed batch (shapes in the data package docstring)."""
+        cfg = self.config
+        B, S = cfg.block_size, input_ids.shape[1]
+        if anchors is None:
+            anchors = sample_anchors(loss_mask, document_ids, B, cfg.max_anchors, cfg.sample_from_anchor, generator)
+        p = anchors.positions  # [b, A]
+        offsets = torch.arange(B, device=p.device)
+        shift = 1 if cfg.sample_from_anchor else 0
+        predicted = (p[:, :, None] + offsets + shift).clamp(max=S - 1)  # [b, A, B]
+        gather = lambda t, idx: t.gather(1, idx.flatten(1)).view(idx.shape)  # noqa: E731
+        target_tokens = gather(input_ids, predicted)
+        prev_tokens = gather(input_ids, (predicted - 1).clamp(min=0))
+        slot_valid = anchors.valid[:, :, None] & gather(loss_mask.bool(), predicted)
+        if cfg.first_trained_slot:
+            slot_valid[:, :, : cfg.first_trained_slot] = False
+
+        anchor_tokens = input_ids.gather(1, p)
+        anchor_rotary = position_ids.gather(1, p)
+        visibility = block_visibility(anchors, document_ids, B)
+        hidden = self._run_backbone(anchor_tokens, anchor_rotary, context_features, position_ids, visibility)
+
+        base_logits = self.output_logits(hidden)
+        logits = base_logits
+        if self.markov_head is not None:
+            logits = base_logits + self.markov_head.block_bias(prev_tokens.flatten(0, 1), hidden.flatten(0, 1)).view(
+                base_logits.shape
+            ).to(base_logits.dtype)
+        teacher = self.teacher_logprobs(final_hidden, (predicted - 1).clamp(min=0))
+        return DrafterOutput(
+            logits=logits,
+            base_logits=base_logits,
+            hidden=hidden,
+            confidence_logits=self.confidence_logits(hidden, prev_tokens),
+            teacher_logprobs=teacher,
+            slot_valid=slot_valid,
+            prev_tokens=prev_tokens,
+            target_tokens=target_tokens,
+            anchors=anchors,
+        )
+
+    @torch.no_grad()
+    def teacher_logprobs(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Target log-probs of the next token after each of ``positions`` [b, ...], over the draft vocab."""
+        b = final_hidden.shape[0]
+        rows = final_hidden.gather(1, positions.reshape(b, -1, 1).expand(-1, -1, final_hidden.shape[-1]))
+        logprobs = torch.log_softmax(self.lm_head(rows).float(), dim=-1)
+        if self.draft_vocab is not None:
+            logprobs = logprobs[..., self.draft_vocab.d2t]
+        return logprobs.view(*positions.shape, -1)
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def draft(
+        self,
+        context_features: torch.Tensor,
+        context_positions: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        anchor_positions: torch.Tensor,
+        context_valid: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block per row after a prefix.
+
+        Args:
+            context_features: target features of the prefix [b, S, n*H] (every prefix token before the anchor).
+            context_positions: rotary positions of the prefix [b, S].
+            anchor_tokens: the newest token of each row [b] (the block's slot 0).
+            anchor_positions: its rotary position [b].
+            context_valid: [b, S] bool, False on (left) padding; None = all valid.
+        Returns:
+            base logits [b, B, Vd] and draft hidden states [b, B, H].
+        """
+        b, S = context_positions.shape
+        visibility = None
+        if context_valid is not None and not bool(context_valid.all()):
+            documents = torch.where(context_valid, 0, -1)
+            visibility = BlockVisibility(
+                anchor_positions=torch.full((b, 1), S, device=documents.device),
+                anchor_documents=torch.zeros((b, 1), dtype=documents.dtype, device=documents.device),
+                context_documents=documents,
+                block_size=self.block_size,
+            )
+        hidden = self._run_backbone(
+            anchor_tokens[:, None], anchor_positions[:, None], context_features, context_positions, visibility
+        )[:, 0]
+        return self.output_logits(hidden), hidden
+
+
+def _rope_theta(config) -> float:
+    """The target's rotary base across transformers versions (``rope_theta`` or ``rope_parameters``)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", 10_000.0))

@@ -1,0 +1,69 @@
+"""Optional reduced draft vocabulary (Vd < V): the d2t / t2d maps between draft indices and target ids.
+
+``d2t[i]`` is the target id of draft index i (absolute ids, ascending); ``t2d`` is a boolean [V] mask of the
+target ids that the draft vocabulary covers. Everything outside the drafter's output layer speaks target ids;
+the Markov head's W1 is indexed by target ids and its W2 produces Vd logits. Serving formats that store d2t as
+offsets (``target_id - draft_index``) convert at export time.
+
+The vocabulary is chosen as the ``Vd`` most frequent loss-masked (assistant) target tokens of a dataset, plus any
+ids that must always be draftable (end-of-turn and end-of-sequence tokens), ties broken by lower id.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class DraftVocab(nn.Module):
+    """Holds d2t [Vd] and t2d [V] as buffers so they travel with the drafter's state dict."""
+
+    def __init__(self, d2t: torch.Tensor, verifier_vocab_size: int) -> None:
+        super().__init__()
+        d2t = torch.as_tensor(d2t, dtype=torch.long)
+        if d2t.ndim != 1 or d2t.numel() == 0:
+            raise ValueError("d2t must be a non-empty 1-D tensor of target ids")
+        if int(d2t.min()) < 0 or int(d2t.max()) >= verifier_vocab_size:
+            raise ValueError(
+                f"d2t ids must lie in [0, {verifier_vocab_size}), got [{int(d2t.min())}, {int(d2t.max())}]"
+            )
+        if torch.unique(d2t).numel() != d2t.numel():
+            raise ValueError("d2t contains repeated target ids")
+        d2t = torch.sort(d2t).values
+        t2d = torch.zeros(verifier_vocab_size, dtype=torch.bool)
+        t2d[d2t] = True
+        self.register_buffer("d2t", d2t)
+        self.register_buffer("t2d", t2d)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.d2t.numel()
+
+    @property
+    def verifier_vocab_size(self) -> int:
+        return self.t2d.numel()
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.d2t[draft_ids]
+
+    def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Draft index of each target id; -1 where the id is not in the draft vocabulary."""
+        index = torch.full((self.verifier_vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        index[self.d2t] = torch.arange(self.draft_vocab_size, device=self.d2t.device)
+        return index[target_ids]
+
+    @classmethod
+    def from_counts(
+        cls, counts: torch.Tensor, draft_vocab_size: int, always_include: list[int] | tuple[int, ...] = ()
+    ) -> DraftVocab:
+        """Top ``draft_vocab_size`` ids by count (ties -> lower id), forcing ``always_include`` in."""
+        counts = torch.as_tensor(counts, dtype=torch.float64).clone()
+        V = counts.numel()
+        if not 1 <= draft_vocab_size <= V:
+            raise ValueError(f"draft_vocab_size must be in [1, {V}], got {draft_vocab_size}")
+        if len(set(always_include)) > draft_vocab_size:
+            raise ValueError("more always-included ids than the draft vocabulary has room for")
+        counts[list(always_include)] = float("inf")
+        # stable ordering: by count descending, then id ascending
+        order = sorted(range(V), key=lambda i: (-counts[i].item(), i))
+        return cls(torch.tensor(order[:draft_vocab_size]), V)

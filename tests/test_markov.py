@@ -1,0 +1,149 @@
+"""Markov and confidence heads against hand-written float64 formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_lightning.models import ConfidenceHead, MarkovHead
+
+V, VD, R, H = 40, 30, 6, 10
+VARIANTS = [
+    dict(head_type="vanilla"),
+    dict(head_type="gated", gate_input="hidden+prev", gate_activation="sigmoid"),
+    dict(head_type="gated", gate_input="hidden", gate_activation="sigmoid"),
+    dict(head_type="gated", gate_input="hidden", gate_activation="identity"),
+    dict(head_type="rnn"),
+]
+
+
+def make_head(seed=0, **kwargs) -> MarkovHead:
+    torch.manual_seed(seed)
+    head = MarkovHead(verifier_vocab_size=V, draft_vocab_size=VD, rank=R, hidden_size=H, **kwargs).double()
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return head
+
+
+def inputs(seed=1, n=3, b=5):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (n, b), generator=g), torch.randn(n, b, H, generator=g, dtype=torch.float64)
+
+
+def test_vanilla_bias_is_w2t_w1_by_hand():
+    head = make_head(head_type="vanilla")
+    prev, hidden = inputs()
+    bias = head.block_bias(prev, hidden)
+    W1, W2 = head.markov_w1.weight, head.markov_w2.weight.T  # W2 is [r, Vd]
+    for n in range(prev.shape[0]):
+        for k in range(prev.shape[1]):
+            expected = torch.zeros(VD, dtype=torch.float64)
+            for v in range(VD):
+                expected[v] = sum(W1[prev[n, k], i] * W2[i, v] for i in range(R))
+            torch.testing.assert_close(bias[n, k], expected)
+
+
+def test_gated_hidden_prev_formula_by_hand():
+    head = make_head(head_type="gated")
+    prev, hidden = inputs()
+    bias = head.block_bias(prev, hidden)
+    Wg, bg = head.gate_proj.weight, head.gate_proj.bias
+    for n in range(prev.shape[0]):
+        for k in range(prev.shape[1]):
+            e = head.markov_w1.weight[prev[n, k]]
+            g = 1 / (1 + torch.exp(-(Wg[:, :H] @ hidden[n, k] + Wg[:, H:] @ e + bg)))
+            torch.testing.assert_close(bias[n, k], head.markov_w2.weight @ (e * g))
+
+
+def test_dflash2_form_has_no_gate_bias_and_is_linear_in_hidden():
+    head = make_head(head_type="gated", gate_input="hidden", gate_activation="identity")
+    assert head.gate_proj.bias is None and head.gate_proj.in_features == H
+    prev, hidden = inputs()
+    bias = head.block_bias(prev, hidden)
+    e = head.markov_w1.weight[prev]
+    expected = torch.einsum("vr,nkr->nkv", head.markov_w2.weight, e * (hidden @ head.gate_proj.weight.T))
+    torch.testing.assert_close(bias, expected)
+
+
+@pytest.mark.parametrize("gate_input", ["hidden+prev", "hidden"])
+def test_gate_forced_to_one_equals_vanilla(gate_input):
+    gated = make_head(head_type="gated", gate_input=gate_input)
+    vanilla = make_head(head_type="vanilla")
+    vanilla.markov_w1.weight.data.copy_(gated.markov_w1.weight)
+    vanilla.markov_w2.weight.data.copy_(gated.markov_w2.weight)
+    gated.gate_proj.weight.data.zero_()
+    gated.gate_proj.bias.data.fill_(40.0)  # sigmoid(40) == 1.0 exactly in float64
+    prev, hidden = inputs()
+    assert torch.equal(gated.gate(hidden, gated.markov_w1(prev)), torch.ones(*prev.shape, R, dtype=torch.float64))
+    torch.testing.assert_close(gated.block_bias(prev, hidden), vanilla.block_bias(prev, hidden), rtol=0, atol=0)
+
+
+def test_rnn_state_recursion_step_by_step():
+    head = make_head(head_type="rnn")
+    prev, hidden = inputs()
+    bias = head.block_bias(prev, hidden)
+    Wj, bj = head.joint_proj.weight, head.joint_proj.bias
+    for n in range(prev.shape[0]):
+        s = torch.zeros(R, dtype=torch.float64)
+        for k in range(prev.shape[1]):
+            e = head.markov_w1.weight[prev[n, k]]
+            z = Wj @ torch.cat((s, e, hidden[n, k])) + bj
+            gate, cand, out = z[:R], z[R : 2 * R], z[2 * R :]
+            sig = 1 / (1 + torch.exp(-gate))
+            expected = head.markov_w2.weight @ torch.tanh(out)
+            s = sig * s + (1 - sig) * torch.tanh(cand)
+            torch.testing.assert_close(bias[n, k], expected)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v.values()))
+def test_block_bias_equals_stacked_step_bias(variant):
+    head = make_head(**variant)
+    prev, hidden = inputs(seed=3)
+    state, steps = None, []
+    for k in range(prev.shape[1]):
+        bias, state = head.step_bias(prev[:, k], hidden[:, k], state)
+        steps.append(bias)
+        assert (state is None) == (variant["head_type"] != "rnn")
+    torch.testing.assert_close(head.block_bias(prev, hidden), torch.stack(steps, 1), rtol=0, atol=1e-12)
+
+
+def test_fresh_head_starts_as_pure_dflash():
+    head = MarkovHead(verifier_vocab_size=V, draft_vocab_size=VD, rank=R, hidden_size=H, head_type="gated")
+    prev, hidden = inputs()
+    assert torch.count_nonzero(head.block_bias(prev, hidden.float())) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(head_type="lstm"), "head_type"),
+        (dict(rank=-1), "rank"),
+        (dict(rank=0), "rank"),
+        (dict(gate_input="prev"), "gate_input"),
+        (dict(gate_activation="relu"), "gate_activation"),
+        (dict(draft_vocab_size=V + 1), "draft_vocab_size"),
+    ],
+)
+def test_invalid_heads(kwargs, message):
+    args = dict(verifier_vocab_size=V, draft_vocab_size=VD, rank=R, hidden_size=H) | kwargs
+    with pytest.raises(ValueError, match=message):
+        MarkovHead(**args)
+
+
+def test_rnn_has_no_transition_features():
+    head = make_head(head_type="rnn")
+    prev, hidden = inputs()
+    with pytest.raises(ValueError, match="path dependent"):
+        head.transition_features(prev, hidden)
+
+
+def test_confidence_head_is_a_logistic_regression():
+    torch.manual_seed(0)
+    head = ConfidenceHead(7).double()
+    torch.nn.init.normal_(head.proj.weight)
+    torch.nn.init.normal_(head.proj.bias)
+    x = torch.randn(4, 3, 7, dtype=torch.float64)
+    expected = x @ head.proj.weight[0] + head.proj.bias[0]
+    torch.testing.assert_close(head(x), expected)
+    with pytest.raises(ValueError, match="last dim 7"):
+        head(torch.randn(2, 5, dtype=torch.float64))
