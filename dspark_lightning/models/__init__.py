@@ -3,7 +3,14 @@
 from dspark_lightning.models.backbone import Anchors, BackboneConfig, DFlashBackbone, default_target_layer_ids
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.drafter import DrafterConfig, DrafterOutput, DSparkDrafter
-from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.markov import (
+    GatedMarkov,
+    MarkovHead,
+    MarkovHeadConfig,
+    RnnMarkov,
+    SelectorMarkov,
+    VanillaMarkov,
+)
 from dspark_lightning.models.target import FrozenTarget, TargetFeatures, load_causal_lm
 from dspark_lightning.models.vocab import DraftVocab
 
@@ -17,6 +24,10 @@ __all__ = [
     "DrafterConfig",
     "DrafterOutput",
     "FrozenTarget",
+    "GatedMarkov",
+    "RnnMarkov",
+    "SelectorMarkov",
+    "VanillaMarkov",
     "MarkovHead",
     "MarkovHeadConfig",
     "TargetFeatures",

@@ -36,7 +36,7 @@ from dspark_lightning.models.backbone import (
     sample_anchors,
 )
 from dspark_lightning.models.confidence import ConfidenceHead
-from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov
 from dspark_lightning.models.vocab import DraftVocab
 
 
@@ -65,7 +65,7 @@ class DrafterConfig:
     sample_from_anchor: bool = True
     mask_token_id: int | None = None
     target_layer_ids: list[int] | None = None
-    markov_head: MarkovHeadConfig | None = field(default_factory=MarkovHeadConfig)
+    markov_head: MarkovHeadConfig | None = field(default_factory=VanillaMarkov)
     confidence_head: bool = True
     confidence_with_markov: bool = True
     train_lm_head: bool = False

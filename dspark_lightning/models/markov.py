@@ -26,8 +26,6 @@ Design choices:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -155,29 +153,74 @@ class MarkovHead(nn.Module):
         return self.markov_w2(torch.tanh(out)), new_state
 
 
-@dataclass
 class MarkovHeadConfig:
     """What a config file says about the Markov head; sizes come from the target when the drafter is built.
 
+    Config files pick a head by ``class_path`` (one of the subclasses below) so that each YAML in
+    ``configs/heads/`` names exactly the knobs of its head. Leave ``markov_head`` null for pure DFlash.
+
     Args:
-        rank: low-rank dimension r of the bias (>= 1; to disable the head, leave ``markov_head`` null).
+        rank: low-rank dimension r of the bias (>= 1; rank 0 is read as "no head" by ``DrafterConfig``).
         head_type: ``vanilla`` | ``gated`` | ``rnn``.
         gate_input: gated head only: ``hidden+prev`` (DSpark checkpoint form) or ``hidden`` (DFlash-2 form).
         gate_activation: gated head only: ``sigmoid`` or ``identity`` (with ``hidden``: the CandidateSelector).
     """
 
-    rank: int = 256
-    head_type: str = "vanilla"
-    gate_input: str = "hidden+prev"
-    gate_activation: str = "sigmoid"
+    def __init__(
+        self,
+        rank: int = 256,
+        head_type: str = "vanilla",
+        gate_input: str = "hidden+prev",
+        gate_activation: str = "sigmoid",
+    ) -> None:
+        self.rank = rank
+        self.head_type = head_type
+        self.gate_input = gate_input
+        self.gate_activation = gate_activation
+
+    def as_dict(self) -> dict:
+        return dict(
+            rank=self.rank, head_type=self.head_type, gate_input=self.gate_input, gate_activation=self.gate_activation
+        )
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MarkovHeadConfig) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
     def build(self, verifier_vocab_size: int, draft_vocab_size: int, hidden_size: int) -> MarkovHead:
         return MarkovHead(
             verifier_vocab_size=verifier_vocab_size,
             draft_vocab_size=draft_vocab_size,
-            rank=self.rank,
             hidden_size=hidden_size,
-            head_type=self.head_type,
-            gate_input=self.gate_input,
-            gate_activation=self.gate_activation,
+            **self.as_dict(),
         )
+
+
+class VanillaMarkov(MarkovHeadConfig):
+    """bias(a) = W2^T W1[a] (the DSpark default)."""
+
+    def __init__(self, rank: int = 256) -> None:
+        super().__init__(rank=rank, head_type="vanilla")
+
+
+class GatedMarkov(MarkovHeadConfig):
+    """bias(a, h) = W2^T (W1[a] * g(h, a)); ``hidden+prev``/``sigmoid`` is the DSpark checkpoint form."""
+
+    def __init__(self, rank: int = 256, gate_input: str = "hidden+prev", gate_activation: str = "sigmoid") -> None:
+        super().__init__(rank=rank, head_type="gated", gate_input=gate_input, gate_activation=gate_activation)
+
+
+class SelectorMarkov(MarkovHeadConfig):
+    """The DFlash-2 CandidateSelector as a gated head: g = Wg h (no activation, no bias)."""
+
+    def __init__(self, rank: int = 256) -> None:
+        super().__init__(rank=rank, head_type="gated", gate_input="hidden", gate_activation="identity")
+
+
+class RnnMarkov(MarkovHeadConfig):
+    """A recurrent state carried across the block; path dependent, so it has no Selector form."""
+
+    def __init__(self, rank: int = 256) -> None:
+        super().__init__(rank=rank, head_type="rnn")
