@@ -1,0 +1,67 @@
+"""The ``dspark-lightning`` command line (also ``python -m dspark_lightning``).
+
+``fit``, ``validate``, ``test`` are LightningCLI subcommands over ``DSparkModule`` and ``ShareGPTDataModule``; the
+other subcommands are plain tools dispatched before LightningCLI parses anything:
+
+    dspark-lightning fit --config configs/quickstart.yaml [--config configs/heads/gated.yaml] [--model.block_size 16]
+    dspark-lightning validate --config configs/quickstart.yaml --ckpt_path runs/.../last.ckpt
+    dspark-lightning regenerate --target assets/demo-target --data assets/data/sharegpt/train-*.jsonl --output DIR
+
+Values that the data and the model share are linked, never repeated in YAML: the tokenizer is the target's
+(``model.target`` -> ``data.tokenizer``), the block size goes to the data module (``model.block_size`` ->
+``data.block_size``) and the mask token id comes from the tokenizer (``data.mask_token_id`` ->
+``model.mask_token_id``).
+
+Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), so a second run
+with the same config never trips over an existing ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from lightning.pytorch.cli import LightningCLI
+
+
+def _regenerate(argv: Sequence[str]):
+    from dspark_lightning.data.regenerate import main
+
+    return main(list(argv))
+
+
+EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
+    "regenerate": (_regenerate, "rewrite assistant turns with the target's own greedy generations (on-policy data)"),
+}
+
+
+class DSparkCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.target", "data.tokenizer", apply_on="parse")
+        parser.link_arguments("model.trust_remote_code", "data.trust_remote_code", apply_on="parse")
+        parser.link_arguments("model.block_size", "data.block_size", apply_on="parse")
+        parser.link_arguments("data.mask_token_id", "model.mask_token_id", apply_on="instantiate")
+
+
+def cli_main(args: Sequence[str] | None = None, run: bool = True) -> DSparkCLI | object:
+    """Entry point. ``args`` defaults to ``sys.argv[1:]``; returns the CLI object (or the tool's result)."""
+    from dspark_lightning.data.datamodule import ShareGPTDataModule
+    from dspark_lightning.lightning.module import DSparkModule
+
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in EXTRA_COMMANDS:
+        return EXTRA_COMMANDS[argv[0]][0](argv[1:])
+    epilog = "other commands:\n" + "\n".join(f"  {name:<12} {help}" for name, (_, help) in EXTRA_COMMANDS.items())
+    return DSparkCLI(
+        DSparkModule,
+        ShareGPTDataModule,
+        args=argv,
+        run=run,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": False},
+        parser_kwargs={"epilog": epilog},
+    )
+
+
+if __name__ == "__main__":
+    cli_main()

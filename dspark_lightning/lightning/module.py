@@ -1,0 +1,353 @@
+"""DSparkModule: the LightningModule that trains a DSpark drafter against a frozen Hugging Face target.
+
+One training step: target features for the packed batch (no grad) -> drafter forward over sampled blocks ->
+compound loss (chunked, analytic gradient) + confidence BCE on the detached acceptance (+ optional Selector candidate
+loss) -> metrics. Every constructor argument is a LightningCLI option (``model.<name>``).
+
+Design choices:
+- The target is built in ``__init__`` (the drafter's shape depends on it) and is frozen and in eval mode forever.
+  Checkpoints hold only the trainable drafter state: the target and the frozen embedding / LM head that the drafter
+  shares with it are dropped in ``on_save_checkpoint`` and re-loaded from ``target`` on resume
+  (``strict_loading=False``, with our own check that every trainable tensor was restored).
+- Anchors come from a generator seeded by (seed, global step, rank), so a resumed run draws the same anchors as an
+  uninterrupted one.
+- Metrics are torchmetrics classes (sum/count states), computed and logged once per validation epoch; the last
+  computed values stay on ``self.last_validation`` for callbacks that draw charts.
+- In the DFlash convention (``sample_from_anchor=False``) slot 0 is never trained, so metrics see slots 1..B-1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import lightning as L
+import torch
+from jsonargparse import lazy_instance
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
+from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
+from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+from dspark_lightning.models.markov import VanillaMarkov
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def default_optimizer(params):
+    return torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1):
+    """Linear warm-up to the optimizer's lr, then cosine decay to ``min_lr_ratio`` of it at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class DSparkModule(L.LightningModule):
+    def __init__(
+        self,
+        target: str = "assets/demo-target",
+        target_layer_ids: list[int] | None = None,
+        target_dtype: str = "auto",
+        trust_remote_code: bool = False,
+        block_size: int = 8,
+        num_layers: int = 1,
+        max_anchors: int = 64,
+        sample_from_anchor: bool = True,
+        mask_token_id: int | None = None,
+        markov_head: MarkovHeadConfig | None = lazy_instance(VanillaMarkov, rank=256),
+        confidence_head: bool = True,
+        confidence_with_markov: bool = True,
+        confidence_alpha: float = 1.0,
+        loss: dict[str, float] | None = None,
+        position_weighting: str = "exp",
+        gamma: float = 4.0,
+        loss_chunk_size: int | None = None,
+        candidate_loss_weight: float = 0.0,
+        candidate_k: int = 16,
+        candidate_rule: str = "replace_kth",
+        draft_vocab: str | None = None,
+        train_lm_head: bool = False,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        intermediate_size: int | None = None,
+        attention_backend: str = "auto",
+        seed: int = 0,
+        lr_warmup_steps: int = 50,
+        compile: bool = False,
+        optimizer: OptimizerCallable = default_optimizer,
+        scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        """
+        Args:
+            target: the frozen target model, a Hugging Face hub id or a local directory.
+            target_layer_ids: target decoder layers whose outputs feed the drafter (None = spread over depth).
+            target_dtype: ``auto`` (the checkpoint's dtype), ``float32``, ``bfloat16`` or ``float16``.
+            trust_remote_code: allow custom modelling code from the target's repository (off by default).
+            block_size: draft block size B (tokens drafted per target forward).
+            num_layers: draft decoder layers.
+            max_anchors: blocks sampled per packed sequence in each training step.
+            sample_from_anchor: DSpark convention (slot k predicts p+k+1) or DFlash (slot 0 is the bonus token).
+            mask_token_id: token id filling slots 1..B-1 (linked from the data module's tokenizer).
+            markov_head: Markov head by class_path (``dspark_lightning.models.VanillaMarkov`` ...), null = pure DFlash.
+            confidence_head: attach the per-slot acceptance predictor.
+            confidence_with_markov: feed the Markov previous-token embedding to the confidence head.
+            confidence_alpha: weight of the confidence BCE term.
+            loss: compound loss weights over ``kl``, ``tv``, ``ce``; default ``{"ce": 0.1, "tv": 0.9}``.
+            position_weighting: ``exp`` (exp(-k/gamma)), ``uniform`` or ``dpace``.
+            gamma: decay of the ``exp`` position weights.
+            loss_chunk_size: rows per loss chunk (None = automatic).
+            candidate_loss_weight: weight of the Selector candidate loss (DFlash-2 training); 0 = off.
+            candidate_k: candidates per slot for the candidate loss and its recall metric.
+            candidate_rule: ``replace_kth`` or ``exclude`` for slots whose true token is outside the top-k.
+            draft_vocab: path of a ``.safetensors`` file holding ``d2t`` (a reduced draft vocabulary), or null.
+            train_lm_head: with a draft vocabulary, train a draft LM head instead of reusing target rows.
+            num_heads: draft attention heads (None = the target's); likewise num_kv_heads, head_dim,
+                intermediate_size.
+            attention_backend: ``auto`` (flex on CUDA, sdpa on CPU), ``sdpa`` or ``flex``.
+            seed: seed of the anchor sampler (combined with the global step and the rank).
+            lr_warmup_steps: warm-up steps of the default warm-up + cosine schedule.
+            compile: ``torch.compile`` the draft backbone.
+            optimizer: optimizer factory (default AdamW, lr 6e-4).
+            scheduler: LR scheduler factory (default: warm-up + cosine over the run's total steps).
+        """
+        super().__init__()
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.loss_spec = dict(loss or {"ce": 0.1, "tv": 0.9})
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.strict_loading = False
+
+        dtype = DTYPES.get(target_dtype)
+        if dtype is None:
+            raise ValueError(f"target_dtype must be one of {sorted(DTYPES)}, got {target_dtype!r}")
+        self.target = FrozenTarget.from_pretrained(
+            target, target_layer_ids, num_layers, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+        self.drafter_config = DrafterConfig(
+            block_size=block_size,
+            num_layers=num_layers,
+            max_anchors=max_anchors,
+            sample_from_anchor=sample_from_anchor,
+            mask_token_id=mask_token_id,
+            target_layer_ids=self.target.target_layer_ids,
+            markov_head=markov_head,
+            confidence_head=confidence_head,
+            confidence_with_markov=confidence_with_markov,
+            train_lm_head=train_lm_head,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate_size,
+            attention_backend=attention_backend,
+        )
+        vocab = load_draft_vocab(draft_vocab, self.target.vocab_size) if draft_vocab else None
+        self.drafter = DSparkDrafter.for_target(self.drafter_config, self.target, vocab)
+        if compile:
+            self.drafter.backbone.compile()
+
+        first = self.drafter_config.first_trained_slot
+        self.metric_block_size = block_size - first
+        self.val_acceptance = AcceptanceMetrics(self.metric_block_size)
+        self.val_calibration = ConfidenceCalibration(self.metric_block_size)
+        self.last_validation: dict[str, torch.Tensor] = {}
+        if candidate_loss_weight > 0 and (
+            self.drafter.markov_head is None or self.drafter.markov_head.is_path_dependent
+        ):
+            raise ValueError("candidate_loss_weight > 0 needs a vanilla or gated Markov head (the Selector form)")
+
+    # ------------------------------------------------------------------ checkpoints
+    def frozen_state_keys(self) -> set[str]:
+        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
+        buffers = {name for name, _ in self.named_buffers() if not name.startswith("target.")}
+        return set(self.state_dict().keys()) - trainable - buffers
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        for key in self.frozen_state_keys():
+            checkpoint["state_dict"].pop(key, None)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        needed = set(self.state_dict().keys()) - self.frozen_state_keys()
+        missing = sorted(needed - set(checkpoint["state_dict"]))
+        if missing:
+            raise KeyError(f"checkpoint lacks trainable drafter tensors (different model config?): {missing[:8]}")
+
+    # ------------------------------------------------------------------ steps
+    def _generator(self) -> torch.Generator:
+        seed = (self.hparams.seed * 1_000_003 + self.global_step) * 64 + self.global_rank
+        return torch.Generator().manual_seed(seed)
+
+    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None):
+        features = self.target.features(batch["input_ids"], batch["position_ids"])
+        out = self.drafter(
+            batch["input_ids"],
+            batch["loss_mask"],
+            batch["document_ids"],
+            batch["position_ids"],
+            features.context_features,
+            features.final_hidden,
+            generator=generator,
+        )
+        hp = self.hparams
+        B = hp.block_size
+        Nb = out.logits.shape[0] * out.logits.shape[1]
+        scheme = "dpace" if hp.position_weighting == "dpace" else "static"
+        weights = position_weights(
+            B,
+            scheme=hp.position_weighting,
+            gamma=hp.gamma,
+            sample_from_anchor=hp.sample_from_anchor,
+            device=self.device,
+        )
+        valid = out.slot_valid.view(Nb, B)
+        loss_out = compound_loss(
+            out.logits.reshape(Nb, B, -1),
+            out.teacher_logprobs.reshape(Nb, B, -1),
+            weights,
+            valid,
+            self.loss_spec,
+            hp.loss_chunk_size,
+            weight_scheme=scheme,
+            block_size=B,
+        )
+        total = loss_out.loss
+        losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
+        confidence = None
+        if out.confidence_logits is not None:
+            conf_logits = out.confidence_logits.reshape(Nb, B)
+            conf = confidence_loss(conf_logits, loss_out.alpha, loss_out.weights, valid)
+            total = total + hp.confidence_alpha * conf
+            losses["loss_confidence"] = conf.detach()
+            confidence = torch.sigmoid(conf_logits.detach().float())
+        if hp.candidate_loss_weight > 0:
+            from dspark_lightning.selector import candidate_loss
+
+            cand, recall = candidate_loss(
+                out.base_logits.flatten(0, 1),
+                self.drafter.markov_head,
+                out.prev_tokens.flatten(0, 1),
+                out.hidden.flatten(0, 1),
+                self._draft_ids(out.target_tokens.flatten(0, 1)),
+                hp.candidate_k,
+                valid,
+                rule=hp.candidate_rule,
+            )
+            total = total + hp.candidate_loss_weight * cand
+            losses["loss_candidate"] = cand.detach()
+            losses[f"candidate_recall@{hp.candidate_k}"] = _recall_value(recall)
+        losses["loss"] = total.detach()
+        first = self.drafter_config.first_trained_slot
+        view = lambda t: None if t is None else t[:, first:]  # noqa: E731
+        return total, losses, view(loss_out.alpha), view(loss_out.greedy_match), view(valid), view(confidence), out
+
+    def _draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        vocab = self.drafter.draft_vocab
+        return target_ids if vocab is None else vocab.to_draft(target_ids)
+
+    def training_step(self, batch, batch_idx):
+        total, losses, alpha, match, valid, _, _ = self.shared_step(batch, self._generator())
+        with torch.no_grad():
+            stats = AcceptanceMetrics(self.metric_block_size).to(self.device)
+            stats.update(alpha, match, valid)
+            values = stats.compute()
+        batch_size = batch["input_ids"].shape[0]
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=False, batch_size=batch_size)
+        self.log("train/tau", values["tau"], prog_bar=True, batch_size=batch_size)
+        self.log("train/accept_rate", values["accept_rate"], batch_size=batch_size)
+        self.log("train/supervised_slots", valid.sum().float(), reduce_fx="sum", batch_size=batch_size)
+        return total
+
+    def validation_step(self, batch, batch_idx):
+        return self._evaluation_step(batch, batch_idx, "val")
+
+    def test_step(self, batch, batch_idx):
+        return self._evaluation_step(batch, batch_idx, "test")
+
+    def _evaluation_step(self, batch, batch_idx, stage: str):
+        # a fixed generator per batch index: every evaluation pass draws the same blocks
+        generator = torch.Generator().manual_seed(self.hparams.seed * 7919 + batch_idx * 64 + self.global_rank)
+        total, losses, alpha, match, valid, confidence, _ = self.shared_step(batch, generator)
+        self.val_acceptance.update(alpha, match, valid)
+        if confidence is not None:
+            self.val_calibration.update(confidence, alpha, valid)
+        batch_size = batch["input_ids"].shape[0]
+        self.log_dict({f"{stage}/{k}": v for k, v in losses.items()}, sync_dist=True, batch_size=batch_size)
+        return total
+
+    def on_validation_epoch_end(self) -> None:
+        values = {f"acceptance/{k}": v for k, v in self.val_acceptance.compute().items()}
+        self.val_acceptance.reset()
+        if self.drafter.confidence_head is not None and self.val_calibration.update_count:
+            values |= {f"confidence/{k}": v for k, v in self.val_calibration.compute().items()}
+            self.val_calibration.reset()
+        self.last_validation = values
+        stage = "test" if self.trainer.testing else "val"
+        self.log_dict(flatten_metrics(values, stage), sync_dist=False)
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is not None:
+            scheduler = self.scheduler_factory(optimizer)
+        else:
+            total = self.trainer.estimated_stepping_batches
+            if not math.isfinite(total):
+                raise ValueError("set trainer.max_steps (the data stream has no length) or give model.scheduler")
+            scheduler = warmup_cosine_schedule(optimizer, self.hparams.lr_warmup_steps, int(total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.target.train(False)
+        return self
+
+
+def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, float]:
+    """``acceptance/accept_rate_per_slot`` [B] -> ``val/accept_rate/slot_0`` ...; scalars -> ``val/tau`` ..."""
+    flat: dict[str, float] = {}
+    for key, value in values.items():
+        group, name = key.split("/", 1)
+        prefix = f"{stage}/" if group == "acceptance" else f"{stage}/confidence/"
+        if name.startswith("reliability_"):
+            continue  # curves are drawn by the calibration callback, not logged as scalars
+        if value.ndim == 0:
+            flat[prefix + name] = float(value)
+        elif name.endswith("_per_slot"):
+            base = name.removesuffix("_per_slot")
+            for slot, v in enumerate(value.tolist()):
+                if not math.isnan(v):
+                    flat[f"{prefix}{base}/slot_{slot}"] = v
+    return flat
+
+
+def _recall_value(recall) -> torch.Tensor:
+    if isinstance(recall, dict):
+        recall = recall.get("recall", next(iter(recall.values())))
+    return torch.as_tensor(recall, dtype=torch.float32).detach()
+
+
+def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:
+    """Read ``d2t`` (absolute target ids) from a safetensors file written by ``dspark-lightning draft-vocab``."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except Exception as error:  # noqa: BLE001 - re-raised with the file name
+        raise ValueError(f"could not read draft vocabulary {path!r}: {error}") from error
+    if "d2t" not in tensors:
+        raise ValueError(f"draft vocabulary file {path!r} has no 'd2t' tensor (found {sorted(tensors)})")
+    return DraftVocab(tensors["d2t"], verifier_vocab_size)
