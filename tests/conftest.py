@@ -8,6 +8,8 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# The test models are tiny: one thread avoids oversubscription stalls when several processes share 2 cores.
+torch.set_num_threads(1)
 
 
 def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 4, seed: int = 0):
