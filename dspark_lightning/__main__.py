@@ -1,5 +1,7 @@
 """``python -m dspark_lightning`` == ``dspark-lightning``."""
 
-from dspark_lightning.cli import cli_main
+import sys
 
-cli_main()
+from dspark_lightning.cli import main
+
+sys.exit(main())

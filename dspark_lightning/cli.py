@@ -55,7 +55,7 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True) -> DSparkCLI |
     return DSparkCLI(
         DSparkModule,
         ShareGPTDataModule,
-        args=argv,
+        args=None if args is None else argv,
         run=run,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": False},
@@ -63,5 +63,11 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True) -> DSparkCLI |
     )
 
 
-if __name__ == "__main__":
+def main() -> int:
+    """Console-script entry point (``dspark-lightning``): exit status 0 on success."""
     cli_main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
