@@ -9,8 +9,9 @@ Design choices:
   Checkpoints hold only the trainable drafter state: the target and the frozen embedding / LM head that the drafter
   shares with it are dropped in ``on_save_checkpoint`` and re-loaded from ``target`` on resume
   (``strict_loading=False``, with our own check that every trainable tensor was restored).
-- Anchors come from a generator seeded by (seed, global step, rank), so a resumed run draws the same anchors as an
-  uninterrupted one.
+- Training anchors come from a generator seeded by (seed, global step, rank), so a resumed run draws the same
+  anchors as an uninterrupted one. Evaluation anchors are deterministic per document (``evaluation_anchors``), so
+  validation metrics do not depend on packing, batch order or the number of DDP ranks.
 - Metrics are torchmetrics classes (sum/count states), computed and logged once per validation epoch; the last
   computed values stay on ``self.last_validation`` for callbacks that draw charts.
 - In the DFlash convention (``sample_from_anchor=False``) slot 0 is never trained, so metrics see slots 1..B-1.
@@ -29,7 +30,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
-from dspark_lightning.models.markov import VanillaMarkov
+from dspark_lightning.models.backbone import evaluation_anchors
+from dspark_lightning.models.markov import VanillaMarkov, markov_config_from, markov_config_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class DSparkModule(L.LightningModule):
         intermediate_size: int | None = None,
         attention_backend: str = "auto",
         seed: int = 0,
+        val_anchor_stride: int | None = None,
         lr_warmup_steps: int = 50,
         compile: bool = False,
         optimizer: OptimizerCallable = default_optimizer,
@@ -115,14 +118,19 @@ class DSparkModule(L.LightningModule):
             num_heads: draft attention heads (None = the target's); likewise num_kv_heads, head_dim,
                 intermediate_size.
             attention_backend: ``auto`` (flex on CUDA, sdpa on CPU), ``sdpa`` or ``flex``.
-            seed: seed of the anchor sampler (combined with the global step and the rank).
+            seed: seed of the training anchor sampler (combined with the global step and the rank).
+            val_anchor_stride: evaluation anchors sit at in-document positions that are multiples of this
+                (None = block_size: non-overlapping blocks tiling every supervised stretch).
             lr_warmup_steps: warm-up steps of the default warm-up + cosine schedule.
             compile: ``torch.compile`` the draft backbone.
             optimizer: optimizer factory (default AdamW, lr 6e-4).
             scheduler: LR scheduler factory (default: warm-up + cosine over the run's total steps).
         """
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        markov_head = markov_config_from(markov_head)
+        self.save_hyperparameters(ignore=["optimizer", "scheduler", "markov_head"])
+        # plain-dict form, so checkpoints load with torch.load(weights_only=True) and load_from_checkpoint works
+        self.hparams["markov_head"] = markov_config_to_dict(markov_head)
         self.loss_spec = dict(loss or {"ce": 0.1, "tv": 0.9})
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -187,7 +195,7 @@ class DSparkModule(L.LightningModule):
         seed = (self.hparams.seed * 1_000_003 + self.global_step) * 64 + self.global_rank
         return torch.Generator().manual_seed(seed)
 
-    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None):
+    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None):
         features = self.target.features(batch["input_ids"], batch["position_ids"])
         out = self.drafter(
             batch["input_ids"],
@@ -196,6 +204,7 @@ class DSparkModule(L.LightningModule):
             batch["position_ids"],
             features.context_features,
             features.final_hidden,
+            anchors=anchors,
             generator=generator,
         )
         hp = self.hparams
@@ -274,9 +283,17 @@ class DSparkModule(L.LightningModule):
         return self._evaluation_step(batch, batch_idx, "test")
 
     def _evaluation_step(self, batch, batch_idx, stage: str):
-        # a fixed generator per batch index: every evaluation pass draws the same blocks
-        generator = torch.Generator().manual_seed(self.hparams.seed * 7919 + batch_idx * 64 + self.global_rank)
-        total, losses, alpha, match, valid, confidence, _ = self.shared_step(batch, generator)
+        # deterministic, per-document anchors: identical blocks in every validation, for any packing or world size
+        anchors = evaluation_anchors(
+            batch["loss_mask"],
+            batch["document_ids"],
+            batch["position_ids"],
+            self.hparams.block_size,
+            self.hparams.val_anchor_stride or self.hparams.block_size,
+            self.hparams.sample_from_anchor,
+        )
+        total, losses, alpha, match, valid, confidence, out = self.shared_step(batch, anchors=anchors)
+        self.last_eval_output = out  # read by evaluation callbacks in on_validation_batch_end
         self.val_acceptance.update(alpha, match, valid)
         if confidence is not None:
             self.val_calibration.update(confidence, alpha, valid)

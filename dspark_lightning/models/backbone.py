@@ -181,6 +181,28 @@ def sample_anchors(
     return Anchors(positions=positions, valid=valid)
 
 
+def evaluation_anchors(
+    loss_mask: torch.Tensor,
+    document_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    block_size: int,
+    stride: int,
+    sample_from_anchor: bool = True,
+) -> Anchors:
+    """Deterministic anchors for evaluation: every valid position whose in-document position is a multiple of
+    ``stride``. The choice depends on each document alone, not on how documents were packed, batched or split
+    across ranks, so evaluation metrics are identical for 1 process and for N (and across repeated validations).
+    """
+    candidates = valid_anchor_mask(loss_mask, document_ids, block_size, sample_from_anchor)
+    candidates &= position_ids % stride == 0
+    count = int(candidates.sum(dim=1).max()) if candidates.numel() else 0
+    count = max(count, 1)
+    # stable sort puts the chosen positions first, in ascending order
+    order = torch.sort((~candidates).to(torch.int8), dim=1, stable=True).indices[:, :count]
+    valid = candidates.gather(1, order)
+    return Anchors(positions=order.masked_fill(~valid, 0), valid=valid)
+
+
 def block_visibility(anchors: Anchors, document_ids: torch.Tensor, block_size: int) -> BlockVisibility:
     """The attention rule for these anchors (invalid anchors see only their own block)."""
     anchor_documents = document_ids.gather(1, anchors.positions).masked_fill(~anchors.valid, -2)

@@ -36,7 +36,7 @@ from dspark_lightning.models.backbone import (
     sample_anchors,
 )
 from dspark_lightning.models.confidence import ConfidenceHead
-from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov
+from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov, markov_config_from
 from dspark_lightning.models.vocab import DraftVocab
 
 
@@ -80,8 +80,7 @@ class DrafterConfig:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.max_anchors < 1:
             raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
-        if isinstance(self.markov_head, dict):
-            self.markov_head = MarkovHeadConfig(**self.markov_head)
+        self.markov_head = markov_config_from(self.markov_head)
         if self.markov_head is not None and self.markov_head.rank == 0:
             self.markov_head = None  # rank 0 means "no head", as in the DSpark CLI
         if self.markov_head is not None and self.markov_head.rank < 0:

@@ -224,3 +224,30 @@ class RnnMarkov(MarkovHeadConfig):
 
     def __init__(self, rank: int = 256) -> None:
         super().__init__(rank=rank, head_type="rnn")
+
+
+def markov_config_from(value) -> MarkovHeadConfig | None:
+    """Accept a ``MarkovHeadConfig``, a ``{"class_path", "init_args"}`` dict (as LightningCLI writes it into
+    checkpoints) or a plain dict of ``MarkovHeadConfig`` fields; ``None`` stays ``None``."""
+    if value is None or isinstance(value, MarkovHeadConfig):
+        return value
+    if isinstance(value, dict) and "class_path" in value:
+        module_name, _, class_name = value["class_path"].rpartition(".")
+        classes = {
+            cls.__name__: cls for cls in (MarkovHeadConfig, VanillaMarkov, GatedMarkov, SelectorMarkov, RnnMarkov)
+        }
+        if class_name not in classes:
+            raise ValueError(
+                f"unknown Markov head class_path {value['class_path']!r}; expected one of {sorted(classes)}"
+            )
+        return classes[class_name](**value.get("init_args", {}))
+    if isinstance(value, dict):
+        return MarkovHeadConfig(**value)
+    raise TypeError(f"cannot read a Markov head config from {value!r}")
+
+
+def markov_config_to_dict(config: MarkovHeadConfig | None) -> dict | None:
+    """The checkpoint-safe (plain dict) form of a head config, inverse of ``markov_config_from``."""
+    if config is None:
+        return None
+    return {"class_path": "dspark_lightning.models.MarkovHeadConfig", "init_args": config.as_dict()}
