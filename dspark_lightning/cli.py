@@ -30,8 +30,22 @@ def _regenerate(argv: Sequence[str]):
     return main(list(argv))
 
 
+def _decode(argv: Sequence[str]):
+    from dspark_lightning.evaluate import decode_main
+
+    return decode_main(list(argv))
+
+
+def _calibrate(argv: Sequence[str]):
+    from dspark_lightning.evaluate import calibrate_main
+
+    return calibrate_main(list(argv))
+
+
 EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
     "regenerate": (_regenerate, "rewrite assistant turns with the target's own greedy generations (on-policy data)"),
+    "decode": (_decode, "measured speculative decoding of a checkpoint on the eval prompts (table per mode)"),
+    "calibrate": (_calibrate, "fit per-slot confidence temperatures (sequential temperature scaling)"),
 }
 
 
