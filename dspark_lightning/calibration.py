@@ -22,7 +22,6 @@ def expected_calibration_error(
     if predicted.numel() == 0:
         return torch.tensor(float("nan"))
     bins = (predicted * n_bins).long().clamp(0, n_bins - 1)
-    counts = torch.bincount(bins, minlength=n_bins).double()
     pred_sum = torch.bincount(bins, weights=predicted, minlength=n_bins)
     obs_sum = torch.bincount(bins, weights=observed, minlength=n_bins)
     return (pred_sum - obs_sum).abs().sum() / predicted.numel()

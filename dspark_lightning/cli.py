@@ -42,10 +42,24 @@ def _calibrate(argv: Sequence[str]):
     return calibrate_main(list(argv))
 
 
+def _export(argv: Sequence[str]):
+    from dspark_lightning.export import main
+
+    return main(list(argv))
+
+
+def _draft_vocab(argv: Sequence[str]):
+    from dspark_lightning.draft_vocab import main
+
+    return main(list(argv))
+
+
 EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
     "regenerate": (_regenerate, "rewrite assistant turns with the target's own greedy generations (on-policy data)"),
     "decode": (_decode, "measured speculative decoding of a checkpoint on the eval prompts (table per mode)"),
     "calibrate": (_calibrate, "fit per-slot confidence temperatures (sequential temperature scaling)"),
+    "export": (_export, "write a checkpoint in the speculators DSpark format that vLLM serves"),
+    "draft-vocab": (_draft_vocab, "build a reduced draft vocabulary (d2t/t2d) from token frequencies of a dataset"),
 }
 
 

@@ -1,0 +1,208 @@
+"""Build a reduced draft vocabulary (d2t / t2d) from token frequencies over the loss-masked tokens of a dataset.
+
+    dspark-lightning draft-vocab --tokenizer assets/demo-target --data 'assets/data/sharegpt/train-*.jsonl' \\
+        --size 1024 --output runs/draft_vocab.safetensors
+
+then train with ``model.draft_vocab: runs/draft_vocab.safetensors`` (read by ``DSparkModule`` /
+``load_draft_vocab``): the LM head and the Markov head's W2 then cover only those Vd tokens, and ``export`` writes
+them in the speculators layout (offset ``d2t``, bool ``t2d``).
+
+Design choices:
+- Tokens are counted exactly as training sees them: conversations go through ``ShareGPTDataModule`` (the target's
+  chat template, assistant-only loss mask, the same bad-record rules), in file order, and only positions with
+  ``loss_mask = 1`` count - those are the tokens the drafter predicts. ``block_size`` filtering is off, so short
+  replies count too; ``seq_len`` truncates very long conversations as training would.
+- Selection: the ``size`` most frequent ids, ties broken by lower id (as speculators does), after forcing in the
+  ids that must always be draftable: the tokenizer's eos, pad and mask tokens (when they exist and fit the
+  vocabulary) plus ``--always_include``. Ids that never occur fill the remaining slots lowest id first.
+- The file holds ``d2t`` (int64 [Vd], *absolute* target ids, ascending - what ``load_draft_vocab`` reads), ``t2d``
+  (bool [V]) and ``counts`` (int64 [V], the raw frequencies) with a small JSON metadata header; safetensors only.
+- V (the verifier vocabulary) is the model config's ``vocab_size`` when the tokenizer path has one (embedding
+  matrices are often padded past ``len(tokenizer)``), else ``len(tokenizer)``; ``--vocab_size`` overrides it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from dspark_lightning.models.vocab import DraftVocab
+
+logger = logging.getLogger(__name__)
+
+
+def count_tokens(batches: Iterable[dict[str, torch.Tensor]], vocab_size: int) -> torch.Tensor:
+    """Frequencies [V] (int64) of ``input_ids`` at positions where ``loss_mask`` is set."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for batch in batches:
+        ids = batch["input_ids"][batch["loss_mask"].bool()].long()
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise ValueError(f"token id {int(ids.max())} is outside the vocabulary of size {vocab_size}")
+        counts += torch.bincount(ids, minlength=vocab_size)
+    return counts
+
+
+def select_draft_vocab(counts: torch.Tensor, size: int, always_include: Iterable[int] = ()) -> DraftVocab:
+    """The ``size`` most frequent ids (ties -> lower id), with ``always_include`` forced in."""
+    counts = torch.as_tensor(counts).long()
+    V = counts.numel()
+    forced = sorted({int(i) for i in always_include})
+    if not 1 <= size <= V:
+        raise ValueError(f"draft vocabulary size must be in [1, {V}], got {size}")
+    if any(not 0 <= i < V for i in forced):
+        raise ValueError(f"always-included ids {forced} must lie in [0, {V})")
+    if len(forced) > size:
+        raise ValueError(f"{len(forced)} always-included ids do not fit a draft vocabulary of {size}")
+    keys = counts.clone()
+    keys[forced] = torch.iinfo(torch.long).max
+    order = torch.sort(-keys, stable=True).indices  # stable: equal counts keep ascending id order
+    return DraftVocab(order[:size], V)
+
+
+def special_token_ids(tokenizer, vocab_size: int, mask_token_id: int | None = None) -> list[int]:
+    """The eos, pad and mask ids of ``tokenizer`` (those that exist and lie inside the vocabulary)."""
+    ids = [tokenizer.eos_token_id, tokenizer.pad_token_id, getattr(tokenizer, "mask_token_id", None), mask_token_id]
+    return sorted({int(i) for i in ids if i is not None and 0 <= int(i) < vocab_size})
+
+
+def save_draft_vocab(
+    vocab: DraftVocab, path: str | Path, counts: torch.Tensor | None = None, metadata: dict | None = None
+) -> Path:
+    """Write ``d2t`` (absolute ids), ``t2d`` and optionally ``counts`` to a safetensors file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {"d2t": vocab.d2t.cpu().contiguous(), "t2d": vocab.t2d.cpu().contiguous()}
+    if counts is not None:
+        tensors["counts"] = torch.as_tensor(counts).long().cpu().contiguous()
+    info = {"format": "dspark-lightning-draft-vocab", "d2t": "absolute target ids, ascending"}
+    info |= {k: json.dumps(v) if not isinstance(v, str) else v for k, v in (metadata or {}).items()}
+    save_file(tensors, str(path), metadata=info)
+    return path
+
+
+def verifier_vocab_size(tokenizer_name: str, tokenizer, trust_remote_code: bool = False) -> int:
+    """The model config's ``vocab_size`` when ``tokenizer_name`` has one, else ``len(tokenizer)``."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(tokenizer_name, trust_remote_code=trust_remote_code)
+        config = getattr(config, "text_config", None) or config
+        return max(int(config.vocab_size), len(tokenizer))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return len(tokenizer)
+
+
+def build_draft_vocab(
+    tokenizer: str,
+    data: str | Sequence[str],
+    size: int,
+    *,
+    vocab_size: int | None = None,
+    seq_len: int = 4096,
+    batch_size: int = 16,
+    max_rows: int | None = None,
+    always_include: Iterable[int] = (),
+    mask_token: str | None = None,
+    trust_remote_code: bool = False,
+    chat_template_kwargs: dict | None = None,
+) -> tuple[DraftVocab, torch.Tensor, dict]:
+    """Count the loss-masked tokens of ``data`` and select the draft vocabulary; returns (vocab, counts, summary)."""
+    from dspark_lightning.data.datamodule import ShareGPTDataModule
+
+    dm = ShareGPTDataModule(
+        tokenizer,
+        train_files=data,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        shuffle_buffer=0,
+        block_size=0,
+        trust_remote_code=trust_remote_code,
+        mask_token=mask_token,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    V = vocab_size or verifier_vocab_size(tokenizer, dm.tokenizer, trust_remote_code)
+    loader = dm.train_dataloader(rank=0, world_size=1)
+    batches = loader if max_rows is None else _limit_rows(loader, max_rows)
+    counts = count_tokens(batches, V)
+    try:
+        mask_id = dm.mask_token_id
+    except ValueError:
+        mask_id = None
+    forced = sorted(set(special_token_ids(dm.tokenizer, V, mask_id)) | {int(i) for i in always_include})
+    vocab = select_draft_vocab(counts, size, forced)
+    total = int(counts.sum())
+    summary = {
+        "tokenizer": tokenizer,
+        "verifier_vocab_size": V,
+        "draft_vocab_size": size,
+        "supervised_tokens": total,
+        "distinct_tokens": int((counts > 0).sum()),
+        "coverage": float(counts[vocab.d2t].sum()) / total if total else 0.0,
+        "always_include": forced,
+        "bad_records": dm.bad_record_counts("train"),
+    }
+    return vocab, counts, summary
+
+
+def _limit_rows(batches, max_rows: int):
+    seen = 0
+    for batch in batches:
+        if seen >= max_rows:
+            break
+        take = min(max_rows - seen, batch["input_ids"].shape[0])
+        seen += take
+        yield {k: v[:take] for k, v in batch.items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark-lightning draft-vocab",
+        description="Build a draft vocabulary (the most frequent assistant tokens of a dataset) for model.draft_vocab.",
+    )
+    parser.add_argument("--tokenizer", required=True, help="the target's tokenizer (path or hub id)")
+    parser.add_argument("--data", required=True, nargs="+", help="ShareGPT files / globs / dirs, or a hub dataset id")
+    parser.add_argument("--size", required=True, type=int, help="draft vocabulary size Vd")
+    parser.add_argument("--output", required=True, help="output .safetensors file")
+    parser.add_argument("--vocab_size", type=int, default=None, help="verifier vocabulary V (default: model config)")
+    parser.add_argument("--seq_len", type=int, default=4096, help="longest conversation counted (tokens)")
+    parser.add_argument("--max_rows", type=int, default=None, help="stop after this many packed rows")
+    parser.add_argument("--always_include", type=int, nargs="*", default=[], help="extra ids to force in")
+    parser.add_argument("--mask_token", default=None, help="mask token when the tokenizer defines none")
+    parser.add_argument("--trust_remote_code", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    data = args.data[0] if len(args.data) == 1 else args.data
+    vocab, counts, summary = build_draft_vocab(
+        args.tokenizer,
+        data,
+        args.size,
+        vocab_size=args.vocab_size,
+        seq_len=args.seq_len,
+        max_rows=args.max_rows,
+        always_include=args.always_include,
+        mask_token=args.mask_token,
+        trust_remote_code=args.trust_remote_code,
+    )
+    save_draft_vocab(vocab, args.output, counts, {k: v for k, v in summary.items() if k != "bad_records"})
+    summary["output"] = str(args.output)
+    print(
+        f"draft vocabulary of {summary['draft_vocab_size']} / {summary['verifier_vocab_size']} tokens covers "
+        f"{summary['coverage']:.2%} of {summary['supervised_tokens']} supervised tokens "
+        f"({summary['distinct_tokens']} distinct) -> {args.output}"
+    )
+    if summary["bad_records"]:
+        print(f"skipped records: {summary['bad_records']}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
