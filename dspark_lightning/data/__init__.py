@@ -10,3 +10,23 @@ The batch contract every training component relies on (a dict of tensors, one ro
 The drafter's attention mask and rotary positions are derived from ``document_ids`` and ``position_ids``;
 the frozen target is run with a block-diagonal causal mask built from the same two fields.
 """
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "ShareGPTDataModule": "dspark_lightning.data.datamodule",
+    "ConversationEncoder": "dspark_lightning.data.tokenize",
+    "SequencePacker": "dspark_lightning.data.tokenize",
+    "BAD_RECORD_REASONS": "dspark_lightning.data.sharegpt",
+    "BadRecordError": "dspark_lightning.data.sharegpt",
+    "NotJSONError": "dspark_lightning.data.sharegpt",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy exports, so importing one submodule does not pull in lightning/datasets/transformers."""
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,411 @@
+"""``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations for Lightning.
+
+Design choices:
+- Records are always streamed with ``datasets`` (``streaming=True``): hub ids through ``load_dataset``, local files
+  through ``IterableDataset.from_generator`` over this package's own reader (one shard per file, so file and line
+  survive for errors). Training shuffles shard order and records (buffer of ``shuffle_buffer`` records, ``seed``),
+  re-shuffled every epoch via ``set_epoch``; validation is read in file order (packing may move a document by a few
+  rows).
+- Sharding: ``split_dataset_by_node(rank, world_size)`` per DDP rank (whole shards when the shard count divides the
+  world size, otherwise every ``world_size``-th record), then ``datasets`` gives each DataLoader worker its own shards
+  (at most ``num_shards`` workers do work). Tokenisation and packing run after the split, inside each worker, so no
+  record is seen twice or skipped. Ranks can end up with different numbers of packed rows: under DDP bound the epoch
+  with ``limit_train_batches`` / ``max_steps`` so every rank runs the same number of steps.
+- The epoch passed to ``set_epoch`` is the trainer's ``current_epoch`` when a trainer is attached, otherwise the number
+  of times that training loader has been iterated.
+- Counting with workers: counts (bad records by reason, plus records / documents / truncations / rows / tokens) live
+  in a small int64 table in shared memory with one row per DataLoader worker; each worker zeroes and writes only its
+  own row at the start of its pass, and the main process sums the rows. This is exact (no lost updates, no extra keys
+  in the batch) and works with fork and spawn. ``bad_record_counts(split)`` / ``data_stats(split)`` report the last
+  (or current) pass of this rank; when the loader is exhausted the totals are logged with python ``logging``
+  (a warning when anything was skipped). Validation eval prompts are read separately in the main process and not
+  counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from datasets import IterableDataset, load_dataset
+from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import IterableDataset as TorchIterableDataset
+from transformers import AutoTokenizer
+
+from dspark_lightning.data.sharegpt import (
+    BAD_RECORD_REASONS,
+    BadRecordError,
+    Conversation,
+    DataSource,
+    InvalidRecord,
+    RawRecord,
+    iter_conversations,
+    iter_local_records,
+    limit_shards,
+    resolve_source,
+    to_conversation,
+)
+from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker
+
+logger = logging.getLogger(__name__)
+
+STAT_NAMES = ("records", "documents", "truncated_documents", "rows", "tokens", "supervised_tokens")
+COUNTER_NAMES = tuple(BAD_RECORD_REASONS) + STAT_NAMES
+
+
+class SharedCounts:
+    """Counters in shared memory, one row per DataLoader worker (row 0 in the main process)."""
+
+    def __init__(self, num_rows: int):
+        self.table = torch.zeros(max(1, num_rows), len(COUNTER_NAMES), dtype=torch.long).share_memory_()
+        self._column = {name: i for i, name in enumerate(COUNTER_NAMES)}
+
+    @staticmethod
+    def current_row() -> int:
+        info = get_worker_info()
+        return info.id if info is not None else 0
+
+    def reset(self, row: int) -> None:
+        self.table[row].zero_()
+
+    def add(self, row: int, name: str, amount: int = 1) -> None:
+        self.table[row, self._column[name]] += amount
+
+    def totals(self) -> dict[str, int]:
+        summed = self.table.sum(dim=0).tolist()
+        return dict(zip(COUNTER_NAMES, summed))
+
+
+def _local_examples(shards: list[tuple[str, int | None]]) -> Iterator[dict[str, Any]]:
+    """Generator behind the local streaming dataset: one example per raw record, keeping file and line."""
+    for raw in iter_local_records(shards):
+        yield {"record": raw.record, "source": raw.source, "line": raw.line, "json_error": raw.json_error}
+
+
+def open_record_stream(source: DataSource, *, limit: int | None = None) -> IterableDataset:
+    """A streaming ``datasets.IterableDataset`` over the raw records of ``source`` (first ``limit`` if given)."""
+    if source.is_hub:
+        stream = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
+        return stream.take(limit) if limit is not None else stream
+    return IterableDataset.from_generator(_local_examples, gen_kwargs={"shards": limit_shards(source.files, limit)})
+
+
+def raw_record_from_example(example: dict[str, Any], source: DataSource) -> RawRecord:
+    """Undo :func:`_local_examples` (local) or wrap a hub row (the row itself is the record)."""
+    if source.is_hub:
+        return RawRecord(example, source.describe(), None)
+    return RawRecord(example["record"], example["source"], example["line"], example["json_error"])
+
+
+class PackedConversationStream(TorchIterableDataset):
+    """Torch iterable dataset: raw records -> validated -> tokenised -> packed rows (the batch contract)."""
+
+    def __init__(
+        self,
+        records: IterableDataset,
+        source: DataSource,
+        encoder: ConversationEncoder,
+        seq_len: int,
+        pad_token_id: int,
+        on_bad_record: str,
+        counts: SharedCounts,
+    ):
+        self.records, self.source, self.encoder = records, source, encoder
+        self.seq_len, self.pad_token_id, self.on_bad_record, self.counts = seq_len, pad_token_id, on_bad_record, counts
+
+    def set_epoch(self, epoch: int) -> None:
+        self.records.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        row = self.counts.current_row()
+        self.counts.reset(row)
+        packer = SequencePacker(self.seq_len, self.pad_token_id)
+        for example in self.records:
+            raw = raw_record_from_example(example, self.source)
+            self.counts.add(row, "records")
+            try:
+                document = self.encoder.encode(to_conversation(raw).messages, max_length=self.seq_len)
+            except InvalidRecord as bad:
+                if self.on_bad_record == "raise":
+                    raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None
+                self.counts.add(row, bad.reason)
+                continue
+            self.counts.add(row, "documents")
+            self.counts.add(row, "truncated_documents", int(document.truncated))
+            self.counts.add(row, "tokens", len(document))
+            self.counts.add(row, "supervised_tokens", sum(document.loss_mask))
+            for packed in packer.add(document):
+                self.counts.add(row, "rows")
+                yield packed
+        for packed in packer.flush():
+            self.counts.add(row, "rows")
+            yield packed
+
+
+class _ReportingIterator:
+    """Proxy of a DataLoader iterator that calls ``on_exhausted`` once when it runs out."""
+
+    def __init__(self, inner: Iterator, on_exhausted: Callable[[], None]):
+        self._inner, self._on_exhausted = inner, on_exhausted
+
+    def __iter__(self) -> _ReportingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._inner)
+        except StopIteration:
+            self._on_exhausted()
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def __reduce__(self) -> tuple:
+        # Like Lightning's own workaround for DataLoader iterators (which cannot be pickled): pickle as exhausted.
+        return iter, ((),)
+
+
+class CountingDataLoader(DataLoader):
+    """DataLoader that sets the stream's epoch before each pass and logs the data counts after it."""
+
+    def __init__(self, *args: Any, before_pass: Callable[[], None] | None = None, after_pass=None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.before_pass, self.after_pass = before_pass, after_pass
+
+    def __iter__(self) -> Any:
+        if self.before_pass is not None:
+            self.before_pass()
+        inner = super().__iter__()
+        return _ReportingIterator(inner, self.after_pass) if self.after_pass is not None else inner
+
+
+class ShareGPTDataModule(L.LightningDataModule):
+    """Streams ShareGPT / OpenAI-style conversations into packed, assistant-masked rows (see module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: str,
+        train_files: str | list[str] | None = None,
+        val_files: str | list[str] | None = None,
+        seq_len: int = 512,
+        batch_size: int = 4,
+        num_workers: int = 0,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        on_bad_record: Literal["skip", "raise"] = "skip",
+        max_length: int | None = None,
+        min_supervised_tokens: int = 1,
+        num_eval_prompts: int = 8,
+        block_size: int = 8,
+        trust_remote_code: bool = False,
+        limit_val_samples: int | None = None,
+        mask_token: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ):
+        """
+        Args:
+            tokenizer: Path or hub id of the target's tokenizer (its chat template renders the conversations).
+            train_files: Training conversations: local ``.json``/``.jsonl`` files, directories or globs (or a list of
+                them), or a Hugging Face dataset id ``owner/name[:config]:split`` (default split ``train``).
+            val_files: Validation conversations, same forms (default split for a hub id: ``validation``).
+            seq_len: Tokens per packed row; every row is padded to exactly this length.
+            batch_size: Packed rows per batch.
+            num_workers: DataLoader worker processes (at most the number of shards do work).
+            shuffle_buffer: Records held in the training shuffle buffer (0 disables shuffling entirely).
+            seed: Seed of the shard-order and buffer shuffles (combined with the epoch).
+            on_bad_record: ``"skip"`` unusable records and count them by reason, or ``"raise"`` naming file and line.
+            max_length: Truncate each conversation to this many tokens (``seq_len`` always applies as well).
+            min_supervised_tokens: Skip conversations with fewer assistant tokens than this (after truncation).
+            num_eval_prompts: How many validation prompts ``eval_prompts()`` returns.
+            block_size: Draft block size; conversations where no assistant token leaves room for a whole block are
+                skipped (reason ``no_anchor_room``). 0 disables the check.
+            trust_remote_code: Allow custom code for the tokenizer (``datasets`` no longer runs dataset scripts).
+            limit_val_samples: Use only the first this many validation records (in file order).
+            mask_token: Token to use as the drafter's mask token when the tokenizer defines none; must already be in
+                the vocabulary (e.g. an unused reserved token).
+            chat_template_kwargs: Extra variables for the chat template (e.g. ``{"enable_thinking": false}``).
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizer_name = tokenizer
+        self.train_files, self.val_files = train_files, val_files
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.shuffle_buffer, self.seed, self.on_bad_record = shuffle_buffer, seed, on_bad_record
+        self.max_length, self.min_supervised_tokens = max_length, min_supervised_tokens
+        self.num_eval_prompts, self.block_size = num_eval_prompts, block_size
+        self.trust_remote_code, self.limit_val_samples = trust_remote_code, limit_val_samples
+        self.mask_token, self.chat_template_kwargs = mask_token, chat_template_kwargs
+        if on_bad_record not in ("skip", "raise"):
+            raise ValueError(f"on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
+        self._tokenizer = None
+        self._encoder: ConversationEncoder | None = None
+        self._counts: dict[str, SharedCounts] = {}
+        self._eval_conversations: list[Conversation] | None = None
+
+    # ----------------------------------------------------------------------------------------------- tokenizer
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.tokenizer_name, trust_remote_code=self.trust_remote_code
+            )
+        return self._tokenizer
+
+    @property
+    def encoder(self) -> ConversationEncoder:
+        if self._encoder is None:
+            self._encoder = ConversationEncoder(
+                self.tokenizer,
+                max_length=self.max_length,
+                min_supervised_tokens=self.min_supervised_tokens,
+                block_size=self.block_size,
+                template_kwargs=self.chat_template_kwargs,
+            )
+        return self._encoder
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the tokenizer's vocabulary including added tokens (``len(tokenizer)``)."""
+        return len(self.tokenizer)
+
+    @property
+    def mask_token_id(self) -> int:
+        """Id of the drafter's mask token: ``mask_token`` if given, else the tokenizer's mask token."""
+        token = self.mask_token or self.tokenizer.mask_token
+        token_id = self.tokenizer.convert_tokens_to_ids(token) if token is not None else None
+        if token_id is None or token_id == self.tokenizer.unk_token_id:
+            raise ValueError(
+                f"tokenizer {self.tokenizer_name!r} has no mask token {token!r}; pass mask_token=<an unused token>"
+            )
+        return int(token_id)
+
+    @property
+    def pad_token_id(self) -> int:
+        """Id written on padding positions (the tokenizer's pad token, else its eos token)."""
+        token_id = self.tokenizer.pad_token_id
+        token_id = self.tokenizer.eos_token_id if token_id is None else token_id
+        if token_id is None:
+            raise ValueError(f"tokenizer {self.tokenizer_name!r} has neither a pad nor an eos token")
+        return int(token_id)
+
+    # ------------------------------------------------------------------------------------------------- streams
+    def _source(self, split: str) -> DataSource:
+        spec = self.train_files if split == "train" else self.val_files
+        if spec is None:
+            raise ValueError(f"no {'train_files' if split == 'train' else 'val_files'} configured")
+        return resolve_source(spec, default_split=split)
+
+    def _distributed_context(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def build_dataset(
+        self, split: Literal["train", "validation"], rank: int | None = None, world_size: int | None = None
+    ) -> PackedConversationStream:
+        """The packed stream of ``split`` for one rank (defaults: the trainer's / torch.distributed's, else 0 of 1)."""
+        if rank is None or world_size is None:
+            rank, world_size = self._distributed_context()
+        source = self._source(split)
+        limit = self.limit_val_samples if split == "validation" else None
+        records = open_record_stream(source, limit=limit)
+        if split == "train" and self.shuffle_buffer > 0:
+            records = records.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
+        if world_size > 1:
+            records = split_dataset_by_node(records, rank=rank, world_size=world_size)
+        self._counts[split] = SharedCounts(self.num_workers)
+        return PackedConversationStream(
+            records, source, self.encoder, self.seq_len, self.pad_token_id, self.on_bad_record, self._counts[split]
+        )
+
+    def _dataloader(self, split: Literal["train", "validation"], **dataset_kwargs: Any) -> CountingDataLoader:
+        dataset = self.build_dataset(split, **dataset_kwargs)
+        if self.num_workers > 0:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+        passes = itertools.count()  # per loader, so loaders built for different ranks do not share an epoch
+
+        def before_pass() -> None:
+            # Only a shuffled training stream gets an epoch: datasets reorders shards whenever epoch > 0.
+            trainer = getattr(self, "trainer", None)
+            epoch = next(passes)
+            if split == "train" and self.shuffle_buffer > 0:
+                dataset.set_epoch(trainer.current_epoch if trainer is not None else epoch)
+
+        return CountingDataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            before_pass=before_pass,
+            after_pass=lambda: self.log_data_stats(split),
+        )
+
+    def train_dataloader(self, **dataset_kwargs: Any) -> CountingDataLoader:
+        """Shuffled, packed training batches (``dataset_kwargs``: ``rank``/``world_size`` overrides for tests)."""
+        return self._dataloader("train", **dataset_kwargs)
+
+    def val_dataloader(self, **dataset_kwargs: Any) -> CountingDataLoader:
+        """Validation batches in file order."""
+        return self._dataloader("validation", **dataset_kwargs)
+
+    # ------------------------------------------------------------------------------------------------- counts
+    def data_stats(self, split: str = "train") -> dict[str, int]:
+        """All counters of the last (or current) pass over ``split`` on this rank, summed over workers."""
+        counts = self._counts.get(split)
+        return counts.totals() if counts is not None else dict.fromkeys(COUNTER_NAMES, 0)
+
+    def bad_record_counts(self, split: str = "train") -> dict[str, int]:
+        """Skipped records by reason (non-zero reasons only) for the last pass over ``split`` on this rank."""
+        stats = self.data_stats(split)
+        return {reason: stats[reason] for reason in BAD_RECORD_REASONS if stats[reason]}
+
+    def log_data_stats(self, split: str) -> None:
+        """Log the counters of the last pass with python logging (a warning if records were skipped)."""
+        stats = self.data_stats(split)
+        bad = self.bad_record_counts(split)
+        summary = (
+            f"{split} data pass: {stats['records']} records -> {stats['documents']} conversations "
+            f"({stats['truncated_documents']} truncated) -> {stats['rows']} rows of {self.seq_len} tokens"
+        )
+        if bad:
+            logger.warning("%s; skipped %d bad records: %s", summary, sum(bad.values()), bad)
+        else:
+            logger.info("%s; no bad records", summary)
+
+    # ------------------------------------------------------------------------------------------ eval prompts
+    def eval_conversations(self) -> list[Conversation]:
+        """The first ``num_eval_prompts`` valid validation conversations (file order) that have a user prompt."""
+        if self._eval_conversations is None:
+            source = self._source("validation")
+            stream = open_record_stream(source)
+            raws = (raw_record_from_example(example, source) for example in stream)
+            chosen = []
+            for conversation in iter_conversations(raws, on_bad_record="skip"):
+                if len(chosen) >= self.num_eval_prompts:
+                    break
+                first_assistant = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
+                prompt = conversation.messages[:first_assistant]
+                if prompt and prompt[-1]["role"] == "user" and len(self.encoder.prompt_ids(prompt)) < self.seq_len:
+                    chosen.append(conversation)
+            self._eval_conversations = chosen
+        return self._eval_conversations
+
+    def eval_prompts(self) -> list[list[int]]:
+        """Token ids of each eval conversation up to and including the first assistant turn's generation prompt."""
+        prompts = []
+        for conversation in self.eval_conversations():
+            first_assistant = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
+            prompts.append(self.encoder.prompt_ids(conversation.messages[:first_assistant]))
+        return prompts

@@ -1,0 +1,345 @@
+"""On-policy data: rewrite every assistant turn of a conversation dataset with the target's own greedy replies.
+
+Usage (wired as ``dspark-lightning regenerate``)::
+
+    python -m dspark_lightning.data.regenerate --target Qwen/Qwen3-0.6B --data sharegpt/*.jsonl --output regen/ \
+        --max-new-tokens 512 --batch-size 16 [--limit N] [--shard-size 1000] [--chat-template-kwargs '{...}']
+
+Design choices:
+- Turn by turn: assistant turn *t* is generated from the conversation up to it, where earlier assistant turns are the
+  target's own (already regenerated) replies and the user/system turns are the originals. So the whole dialogue is
+  what the target would have said, which is the distribution the drafter is evaluated on.
+- Greedy decoding (``do_sample=False``), batched with left padding; a reply ends at the tokenizer's eos (or the
+  model's configured eos ids) or after ``--max-new-tokens`` (counted as ``truncated_replies``).
+- Output: ShareGPT JSON Lines shards ``train-00000.jsonl``, ... of ``--shard-size`` records, each record
+  ``{"id", "conversations"}``. The id is the input record's ``id`` or, without one, a hash of its messages, so a
+  restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
+  cut off, ids already present are skipped and writing continues in the last shard. ``--limit`` caps the total number
+  of records in the output directory, so rerunning the same command finishes an interrupted job.
+- Invalid input records are skipped and counted by reason (the same validation as training); a turn whose prompt is
+  longer than ``--max-prompt-tokens`` ends the conversation there (records with no regenerated turn are dropped and
+  counted); an empty reply drops the record (counted), since an empty assistant turn is not trainable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark_lightning.data.sharegpt import (
+    InvalidRecord,
+    RawRecord,
+    iter_local_records,
+    limit_shards,
+    record_id,
+    resolve_source,
+    to_conversation,
+)
+
+SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
+SHARD_PREFIX = "train-"
+
+
+def conversation_id(raw_record: Any, messages: Sequence[dict[str, str]]) -> str:
+    """The record's own id, else a stable hash of its normalised messages."""
+    own = record_id(raw_record)
+    if own is not None:
+        return own
+    digest = hashlib.sha1(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return f"sha1-{digest[:20]}"
+
+
+def to_sharegpt(identifier: str, messages: Sequence[dict[str, str]]) -> dict[str, Any]:
+    return {
+        "id": identifier,
+        "conversations": [{"from": SHAREGPT_ROLE[m["role"]], "value": m["content"]} for m in messages],
+    }
+
+
+class ResumableShardWriter:
+    """Append records to ``train-NNNNN.jsonl`` shards; knows the ids already written (see module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike, shard_size: int):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard_size = shard_size
+        self.done_ids: set[str] = set()
+        self.removed_bytes = 0  # of partial / unreadable trailing lines left by an interrupted run
+        shards = sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl"))
+        count_in_last = 0
+        for shard in shards:
+            count_in_last = self._scan(shard)
+        self.index = len(shards) - 1 if shards and count_in_last < shard_size else len(shards)
+        self.count_in_shard = count_in_last if shards and count_in_last < shard_size else 0
+
+    def _scan(self, shard: Path) -> int:
+        """Collect the ids of ``shard``; cut off a trailing partial or corrupt line. Returns the record count."""
+        data = shard.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        lines = data[:keep].split(b"\n")[:-1]
+        count = 0
+        offset = 0
+        for line in lines:
+            try:
+                self.done_ids.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+                keep = offset  # an unreadable line: drop it and everything after it
+                break
+            offset += len(line) + 1
+            count += 1
+        if keep < len(data):
+            self.removed_bytes += len(data) - keep
+            with open(shard, "r+b") as handle:
+                handle.truncate(keep)
+        return count
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{SHARD_PREFIX}{self.index:05d}.jsonl"
+
+    def write(self, records: Iterable[dict[str, Any]]) -> None:
+        for record in records:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.done_ids.add(record["id"])
+            self.count_in_shard += 1
+            if self.count_in_shard >= self.shard_size:
+                self.index, self.count_in_shard = self.index + 1, 0
+
+
+def read_conversations(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """``(id, messages)`` of every valid record of ``data`` in order; invalid ones are counted by reason."""
+    source = resolve_source(data)
+    if source.is_hub:
+        from datasets import load_dataset
+
+        rows = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
+        raws: Iterable[RawRecord] = (RawRecord(row, source.describe(), None) for row in rows)
+    else:
+        raws = iter_local_records(limit_shards(source.files, None))
+    for raw in raws:
+        try:
+            messages = to_conversation(raw).messages
+        except InvalidRecord as bad:
+            counts[f"bad_record:{bad.reason}"] += 1
+            continue
+        yield conversation_id(raw.record, messages), messages
+
+
+class GreedyRegenerator:
+    """Batched greedy generation of assistant turns with one target model and tokenizer."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_new_tokens: int,
+        max_prompt_tokens: int | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
+        self.template_kwargs = dict(template_kwargs or {})
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos = model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        eos_ids.add(tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(i for i in eos_ids if i is not None)
+
+    @torch.no_grad()
+    def generate_replies(self, prompts: Sequence[Sequence[dict[str, str]]], counts: Counter) -> list[str]:
+        """One greedy reply per prompt (each prompt ends before the assistant turn to write)."""
+        encoded = [
+            self.tokenizer.apply_chat_template(
+                list(p), tokenize=True, add_generation_prompt=True, return_dict=False, **self.template_kwargs
+            )
+            for p in prompts
+        ]
+        width = max(map(len, encoded))
+        input_ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for row, ids in enumerate(encoded):  # left padding
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
+        device = next(self.model.parameters()).device
+        output = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            max_new_tokens=self.max_new_tokens,
+            do_sample=False,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+        )
+        replies = []
+        for new_tokens in output[:, width:].tolist():
+            ended = [i for i, t in enumerate(new_tokens) if t in self.eos_token_ids]
+            if not ended:
+                counts["truncated_replies"] += 1
+            new_tokens = new_tokens[: ended[0]] if ended else new_tokens
+            replies.append(self.tokenizer.decode(new_tokens, skip_special_tokens=True).strip())
+        return replies
+
+    def prompt_length(self, messages: Sequence[dict[str, str]]) -> int:
+        return len(
+            self.tokenizer.apply_chat_template(
+                list(messages), tokenize=True, add_generation_prompt=True, return_dict=False, **self.template_kwargs
+            )
+        )
+
+    def regenerate_batch(
+        self, batch: Sequence[tuple[str, list[dict[str, str]]]], counts: Counter
+    ) -> list[dict[str, Any]]:
+        """Regenerate every assistant turn of a batch of conversations; returns ShareGPT records (input order)."""
+        originals = [messages for _, messages in batch]
+        rewritten: list[list[dict[str, str]]] = [[] for _ in batch]
+        position = [0] * len(batch)  # next original message index per conversation
+        finished = [False] * len(batch)
+        while True:
+            pending = []
+            for i, messages in enumerate(originals):
+                if finished[i]:
+                    continue
+                while position[i] < len(messages) and messages[position[i]]["role"] != "assistant":
+                    rewritten[i].append(messages[position[i]])
+                    position[i] += 1
+                if position[i] >= len(messages):
+                    finished[i] = True
+                elif self.max_prompt_tokens and self.prompt_length(rewritten[i]) > self.max_prompt_tokens:
+                    counts["conversations_cut_at_max_prompt_tokens"] += 1
+                    finished[i] = True
+                else:
+                    pending.append(i)
+            if not pending:
+                break
+            replies = self.generate_replies([rewritten[i] for i in pending], counts)
+            for i, reply in zip(pending, replies):
+                if not reply:
+                    counts["dropped_empty_reply"] += 1
+                    finished[i] = True
+                    rewritten[i] = []
+                    continue
+                rewritten[i].append({"role": "assistant", "content": reply})
+                position[i] += 1
+        records = []
+        for (identifier, _), messages in zip(batch, rewritten):
+            while messages and messages[-1]["role"] != "assistant":
+                messages.pop()  # trailing turns after the last regenerated reply carry no supervision
+            if not any(m["role"] == "assistant" for m in messages):
+                counts["dropped_no_regenerated_turn"] += 1
+                continue
+            records.append(to_sharegpt(identifier, messages))
+        return records
+
+
+def regenerate(
+    target: str,
+    data: str | Sequence[str],
+    output: str | os.PathLike,
+    *,
+    max_new_tokens: int = 512,
+    batch_size: int = 8,
+    limit: int | None = None,
+    shard_size: int = 1000,
+    max_prompt_tokens: int | None = 4096,
+    trust_remote_code: bool = False,
+    device: str | None = None,
+    dtype: str = "auto",
+    template_kwargs: dict[str, Any] | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+    if model is None:
+        torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(dtype)
+        torch_dtype = torch_dtype or getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        model = model.to(device).eval()
+    writer = ResumableShardWriter(output, shard_size)
+    regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs)
+    counts: Counter = Counter()
+    already = len(writer.done_ids)
+    budget = None if limit is None else max(0, limit - already)
+    batch: list[tuple[str, list[dict[str, str]]]] = []
+    taken = 0
+
+    def flush() -> None:
+        records = regenerator.regenerate_batch(batch, counts)
+        writer.write(records)
+        counts["written"] += len(records)
+        batch.clear()
+
+    for identifier, messages in read_conversations(data, counts):
+        if budget is not None and taken >= budget:
+            break
+        if identifier in writer.done_ids or any(identifier == b[0] for b in batch):
+            counts["skipped_already_done"] += 1
+            continue
+        batch.append((identifier, messages))
+        taken += 1
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    summary = {"output": str(output), "records_before": already, "records_after": len(writer.done_ids)}
+    if writer.removed_bytes:
+        summary["removed_partial_bytes"] = writer.removed_bytes
+    return {**summary, **counts}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark-lightning regenerate",
+        description="Rewrite the assistant turns of a conversation dataset with a target model's greedy replies.",
+    )
+    parser.add_argument("--target", required=True, help="hub id or local path of the target model (and tokenizer)")
+    parser.add_argument("--data", required=True, nargs="+", help="local .json/.jsonl files, dirs, globs, or a hub id")
+    parser.add_argument("--output", required=True, help="directory for train-NNNNN.jsonl shards")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--limit", type=int, default=None, help="total records wanted in --output (resume-aware)")
+    parser.add_argument("--shard-size", type=int, default=1000, help="records per output shard")
+    parser.add_argument("--max-prompt-tokens", type=int, default=4096, help="stop a conversation at longer prompts")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, ...")
+    parser.add_argument(
+        "--chat-template-kwargs", type=json.loads, default=None, help='JSON, e.g. {"enable_thinking": false}'
+    )
+    parser.add_argument("--trust-remote-code", action="store_true", default=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    summary = regenerate(
+        args.target,
+        args.data if len(args.data) > 1 else args.data[0],
+        args.output,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        limit=args.limit,
+        shard_size=args.shard_size,
+        max_prompt_tokens=args.max_prompt_tokens,
+        trust_remote_code=args.trust_remote_code,
+        device=args.device,
+        dtype=args.dtype,
+        template_kwargs=args.chat_template_kwargs,
+    )
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,427 @@
+"""Conversation sources: resolve, read (streaming, with file and line), validate and normalise records.
+
+Design choices:
+- A source spec is local files (``.json``/``.jsonl``, optionally ``.gz``), directories (searched recursively for
+  those), globs, or a Hugging Face dataset id written ``owner/name``, ``owner/name:split`` or
+  ``owner/name:config:split``. A spec that names a local-looking path that does not exist is an error, never silently
+  treated as a hub id.
+- Local files are read by this module rather than by ``datasets``' json builder, so every record keeps its file and
+  line (needed for ``on_bad_record="raise"`` and for clear errors) and one malformed line does not abort the stream.
+  Three layouts are sniffed from the first non-blank character: JSON Lines (first line is a whole JSON value), a JSON
+  array (``[``; elements decoded one at a time, never the whole file), or concatenated / pretty-printed JSON values.
+  A file starting with anything else is not JSON at all: :class:`NotJSONError` names the file and line. In JSON Lines
+  a bad line is a bad record (reason ``invalid_json``) and reading resumes at the next line; in the other two layouts a
+  syntax error cannot be resynchronised and is fatal (:class:`NotJSONError` with the line).
+- Records are ShareGPT (``conversations`` of ``{"from", "value"}``) or OpenAI style (``messages`` of
+  ``{"role", "content"}``); either turn form is accepted under either key. Roles ``system``, ``human``/``user`` and
+  ``gpt``/``assistant`` are normalised to ``system``/``user``/``assistant``; anything else is a bad record.
+- Every way a record can be unusable has a named reason in :data:`BAD_RECORD_REASONS` (including the reasons found
+  later by tokenisation), so counts are comparable across passes and processes.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+BAD_RECORD_REASONS: dict[str, str] = {
+    "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
+    "not_a_dict": "the record is not a JSON object",
+    "missing_conversations": "neither 'conversations' nor 'messages' is present",
+    "conversations_not_a_list": "'conversations'/'messages' is not a list",
+    "empty_conversations": "'conversations'/'messages' is an empty list",
+    "turn_not_a_dict": "a turn is not a JSON object",
+    "missing_role": "a turn has neither 'from' nor 'role'",
+    "unknown_role": "a turn's role is not one of system/human/user/gpt/assistant",
+    "misplaced_system_turn": "a system turn that is not the first turn",
+    "missing_content": "a turn has neither 'value' nor 'content'",
+    "non_string_content": "a turn's content is not a string",
+    "empty_content": "a turn's content is empty or only whitespace",
+    "no_assistant_turn": "the conversation has no assistant turn",
+    "chat_template_error": "the tokenizer's chat template rejected the conversation",
+    "over_max_length": "nothing supervised is left after truncation to max_length / seq_len",
+    "too_few_supervised_tokens": "fewer assistant tokens than min_supervised_tokens",
+    "no_anchor_room": "no assistant token leaves room for a full draft block inside the document",
+}
+
+ROLE_ALIASES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+){0,2}$")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+class NotJSONError(ValueError):
+    """A local data file that is not JSON (or has an unrecoverable syntax error), with file and line.
+
+    ``NotJSONError(message)`` also works, because DataLoader workers re-raise exceptions as ``type(error)(message)``.
+    """
+
+    def __init__(self, file: str, line: int | None = None, detail: str = ""):
+        message = file if line is None else f"{file}:{line}: not a JSON / JSON Lines conversation file: {detail}"
+        super().__init__(message)
+        self.file, self.line, self.detail = file, line, detail
+
+
+class BadRecordError(ValueError):
+    """Raised under ``on_bad_record="raise"``: a record is unusable; says where and why (or just a message)."""
+
+    def __init__(self, reason: str, detail: str | None = None, source: str = "", line: int | None = None):
+        if detail is None:
+            super().__init__(reason)
+        else:
+            where = f"{source}:{line}" if line is not None else source
+            super().__init__(f"{where}: bad record ({reason}): {detail}")
+        self.reason, self.detail, self.source, self.line = reason, detail, source, line
+
+
+class InvalidRecord(Exception):
+    """Internal signal from validation: the record is unusable for ``reason`` (a key of BAD_RECORD_REASONS)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        assert reason in BAD_RECORD_REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One decoded JSON value and where it came from; ``json_error`` is set (and ``record`` None) for a bad line."""
+
+    record: Any
+    source: str
+    line: int | None
+    json_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A validated conversation: messages with roles system/user/assistant and non-empty string content."""
+
+    messages: list[dict[str, str]]
+    record_id: str | None = None
+    source: str = ""
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A resolved source spec: either local files (sorted, de-duplicated) or one hub dataset split."""
+
+    files: tuple[str, ...] = ()
+    hub_id: str | None = None
+    hub_config: str | None = None
+    hub_split: str = "train"
+
+    @property
+    def is_hub(self) -> bool:
+        return self.hub_id is not None
+
+    def describe(self) -> str:
+        if self.is_hub:
+            return f"{self.hub_id}" + (f":{self.hub_config}" if self.hub_config else "") + f":{self.hub_split}"
+        return f"{len(self.files)} local file(s)"
+
+
+def _looks_local(spec: str) -> bool:
+    """A path-like spec (never taken for a hub id ``owner/name`` even when nothing exists there)."""
+    return spec.startswith((".", "/", "~")) or spec.endswith(LOCAL_SUFFIXES) or spec.count("/") > 1 or "\\" in spec
+
+
+def _files_in_directory(directory: str) -> list[str]:
+    found = []
+    for root, _, names in os.walk(directory):
+        found += [os.path.join(root, n) for n in names if n.endswith(LOCAL_SUFFIXES)]
+    return found
+
+
+def resolve_source(spec: str | Sequence[str], default_split: str = "train") -> DataSource:
+    """Resolve files / directories / globs (or a list of them) or a hub dataset id into a :class:`DataSource`."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    if not specs:
+        raise ValueError("empty data source: give files, directories, globs or a Hugging Face dataset id")
+    files: list[str] = []
+    hub_specs = []
+    for item in specs:
+        item = str(item)
+        expanded = os.path.expanduser(item)
+        if _GLOB_CHARS.search(expanded):
+            matches = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise FileNotFoundError(f"no files match {item!r}")
+            files += matches
+        elif os.path.isdir(expanded):
+            matches = sorted(_files_in_directory(expanded))
+            if not matches:
+                raise FileNotFoundError(f"no {'/'.join(LOCAL_SUFFIXES)} files under directory {item!r}")
+            files += matches
+        elif os.path.isfile(expanded):
+            files.append(expanded)
+        elif _HUB_ID.match(item) and not _looks_local(item):
+            hub_specs.append(item)
+        else:
+            raise FileNotFoundError(f"data source {item!r} is neither an existing file/directory/glob nor a hub id")
+    if hub_specs and files or len(hub_specs) > 1:
+        raise ValueError(f"give either local files or exactly one hub dataset id, not a mix: {specs}")
+    if hub_specs:
+        hub_id, *rest = hub_specs[0].split(":")
+        config = rest[0] if len(rest) == 2 else None
+        split = rest[-1] if rest else default_split
+        return DataSource(hub_id=hub_id, hub_config=config, hub_split=split)
+    return DataSource(files=tuple(dict.fromkeys(os.path.abspath(f) for f in files)))
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+
+
+class _JSONValueReader:
+    """Decode consecutive JSON values from a text stream chunk by chunk, tracking line numbers."""
+
+    def __init__(self, stream: IO[str], path: str, first_line: int, chunk_chars: int = 1 << 16):
+        self.stream, self.path, self.chunk_chars = stream, path, chunk_chars
+        self.buffer, self.pos, self.line, self.eof = "", 0, first_line, False
+        self.decoder = json.JSONDecoder()
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.stream.read(max(self.chunk_chars, len(self.buffer) - self.pos))
+        if not chunk:
+            self.eof = True
+            return False
+        self.buffer = self.buffer[self.pos :] + chunk
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """Skip whitespace (counting lines) and return the next character, or '' at the end of the file."""
+        while True:
+            while self.pos < len(self.buffer) and self.buffer[self.pos].isspace():
+                self.line += self.buffer[self.pos] == "\n"
+                self.pos += 1
+            if self.pos < len(self.buffer) or not self._fill():
+                return self.buffer[self.pos] if self.pos < len(self.buffer) else ""
+
+    def expect(self, chars: str) -> str:
+        char = self.peek()
+        if char == "" or char not in chars:
+            raise NotJSONError(self.path, self.line, f"expected one of {chars!r}, found {char or 'end of file'!r}")
+        self.pos += 1
+        return char
+
+    def value(self) -> tuple[Any, int]:
+        """The next JSON value and the line it starts on."""
+        self.peek()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buffer, self.pos)
+                if end < len(self.buffer) or self.eof or isinstance(value, dict | list):
+                    break
+            except json.JSONDecodeError as error:
+                truncated = error.pos >= len(self.buffer) - 8 or error.msg.startswith("Unterminated string")
+                if truncated and self._fill():
+                    continue
+                line = self.line + self.buffer.count("\n", self.pos, error.pos)
+                raise NotJSONError(self.path, line, f"{error.msg} (column {error.colno})") from None
+            if not self._fill():
+                break
+        start_line = self.line
+        self.line += self.buffer.count("\n", self.pos, end)
+        self.pos = end
+        return value, start_line
+
+
+def _first_content_line(handle: IO[bytes], path: str) -> tuple[int, str | None]:
+    """Number and text of the first non-blank line (``None`` for an empty file); not UTF-8 means not JSON."""
+    for line_number, raw_line in enumerate(handle, start=1):
+        if raw_line.strip():
+            try:
+                return line_number, raw_line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise NotJSONError(path, line_number, "not UTF-8 text") from None
+    return 0, None
+
+
+def _iter_json_lines(handle: IO[bytes], path: str, lines_read: int) -> Iterator[RawRecord]:
+    """The remaining lines of a JSON Lines file; a bad line becomes a record with ``json_error`` set."""
+    for line_number, raw_line in enumerate(handle, start=lines_read + 1):
+        if not raw_line.strip():
+            continue
+        try:
+            record = RawRecord(json.loads(raw_line.decode("utf-8")), path, line_number)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            record = RawRecord(None, path, line_number, json_error=str(error))
+        yield record
+
+
+def _iter_json_values(reader: _JSONValueReader, path: str, array: bool) -> Iterator[RawRecord]:
+    """The elements of a top-level JSON array, or consecutive top-level JSON values."""
+    if array:
+        reader.expect("[")
+        if reader.peek() == "]":
+            reader.expect("]")
+        else:
+            while True:
+                value, line = reader.value()
+                yield RawRecord(value, path, line)
+                if reader.expect(",]") == "]":
+                    break
+        if reader.peek() != "":
+            raise NotJSONError(path, reader.line, "unexpected data after the top-level array")
+        return
+    while reader.peek() != "":
+        value, line = reader.value()
+        yield RawRecord(value, path, line)
+
+
+def iter_file_records(path: str, max_records: int | None = None) -> Iterator[RawRecord]:
+    """Stream the records of one local file (layout sniffed, see the module docstring); at most ``max_records``."""
+    if max_records is not None and max_records <= 0:
+        return
+    with _open_binary(path) as handle:
+        line_number, first_text = _first_content_line(handle, path)
+        if first_text is None:
+            return
+        start = first_text.lstrip()[:1]
+        if start not in "[{":
+            raise NotJSONError(path, line_number, f"starts with {first_text.strip()[:40]!r}")
+        try:
+            first_value = json.loads(first_text) if start == "{" else None
+        except json.JSONDecodeError:
+            first_value = None  # an object spread over several lines: concatenated / pretty-printed JSON
+        if first_value is not None:
+            records = itertools.chain(
+                [RawRecord(first_value, path, line_number)], _iter_json_lines(handle, path, line_number)
+            )
+        else:
+            text = _PrefixedStream(first_text, io.TextIOWrapper(handle, encoding="utf-8"))
+            records = _iter_json_values(_JSONValueReader(text, path, line_number), path, array=start == "[")
+        yield from itertools.islice(records, max_records)
+
+
+class _PrefixedStream:
+    """A text stream that first returns an already-read prefix."""
+
+    def __init__(self, prefix: str, rest: IO[str]):
+        self.prefix, self.rest = prefix, rest
+
+    def read(self, size: int) -> str:
+        if self.prefix:
+            head, self.prefix = self.prefix, ""
+            return head + self.rest.read(max(0, size - len(head)))
+        return self.rest.read(size)
+
+
+def iter_local_records(shards: Sequence[tuple[str, int | None]]) -> Iterator[RawRecord]:
+    """Records of several ``(file, max_records)`` shards in order (the generator behind the streaming dataset)."""
+    for path, max_records in shards:
+        yield from iter_file_records(path, max_records)
+
+
+def limit_shards(files: Sequence[str], limit: int | None) -> list[tuple[str, int | None]]:
+    """``(file, max_records)`` shards covering exactly the first ``limit`` records of ``files`` in order."""
+    if limit is None:
+        return [(f, None) for f in files]
+    shards: list[tuple[str, int | None]] = []
+    remaining = limit
+    for path in files:
+        if remaining <= 0:
+            break
+        count = sum(1 for _ in zip(range(remaining), iter_file_records(path)))
+        shards.append((path, count))
+        remaining -= count
+    return shards
+
+
+def _turn_field(turn: dict, names: tuple[str, str]) -> tuple[bool, Any]:
+    for name in names:
+        if name in turn:
+            return True, turn[name]
+    return False, None
+
+
+def validate_record(record: Any) -> list[dict[str, str]]:
+    """Normalised messages of a record, or :class:`InvalidRecord` with the reason it is unusable."""
+    if not isinstance(record, dict):
+        raise InvalidRecord("not_a_dict", f"got {type(record).__name__}")
+    key = "conversations" if "conversations" in record else "messages" if "messages" in record else None
+    if key is None:
+        raise InvalidRecord("missing_conversations", f"keys: {sorted(record)[:8]}")
+    turns = record[key]
+    if not isinstance(turns, list):
+        raise InvalidRecord("conversations_not_a_list", f"'{key}' is {type(turns).__name__}")
+    if not turns:
+        raise InvalidRecord("empty_conversations", f"'{key}' is empty")
+    messages = []
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise InvalidRecord("turn_not_a_dict", f"turn {index} is {type(turn).__name__}")
+        has_role, role = _turn_field(turn, ("from", "role"))
+        if not has_role:
+            raise InvalidRecord("missing_role", f"turn {index} keys: {sorted(turn)}")
+        normalised_role = ROLE_ALIASES.get(role.strip().lower()) if isinstance(role, str) else None
+        if normalised_role is None:
+            raise InvalidRecord("unknown_role", f"turn {index} role {role!r}")
+        if normalised_role == "system" and index != 0:
+            raise InvalidRecord("misplaced_system_turn", f"system turn at position {index}")
+        has_content, content = _turn_field(turn, ("value", "content"))
+        if not has_content:
+            raise InvalidRecord("missing_content", f"turn {index} keys: {sorted(turn)}")
+        if not isinstance(content, str):
+            raise InvalidRecord("non_string_content", f"turn {index} content is {type(content).__name__}")
+        if not content.strip():
+            raise InvalidRecord("empty_content", f"turn {index} is empty")
+        messages.append({"role": normalised_role, "content": content})
+    if not any(m["role"] == "assistant" for m in messages):
+        raise InvalidRecord("no_assistant_turn", f"roles: {[m['role'] for m in messages]}")
+    return messages
+
+
+def record_id(record: Any) -> str | None:
+    """The record's own ``id`` (str or int) if it has one."""
+    if isinstance(record, dict) and isinstance(record.get("id"), str | int) and not isinstance(record["id"], bool):
+        return str(record["id"])
+    return None
+
+
+def to_conversation(raw: RawRecord) -> Conversation:
+    """Validate one raw record (including JSON Lines decode failures) into a :class:`Conversation`."""
+    if raw.json_error is not None:
+        raise InvalidRecord("invalid_json", raw.json_error)
+    return Conversation(validate_record(raw.record), record_id(raw.record), raw.source, raw.line)
+
+
+@dataclass
+class BadRecordCounter:
+    """Counts of unusable records by reason (plain in-process counter; see the datamodule for cross-process)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, reason: str, amount: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + amount
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def iter_conversations(
+    raws: Iterator[RawRecord], on_bad_record: str = "skip", counter: BadRecordCounter | None = None
+) -> Iterator[Conversation]:
+    """Validated conversations of a raw stream; bad ones are counted (skip) or raised with file and line."""
+    for raw in raws:
+        try:
+            yield to_conversation(raw)
+        except InvalidRecord as bad:
+            if on_bad_record == "raise":
+                raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None
+            if counter is not None:
+                counter.add(bad.reason)

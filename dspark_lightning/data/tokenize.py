@@ -1,0 +1,222 @@
+"""Conversations -> token ids + assistant loss mask (chat template), and packing into fixed-length rows.
+
+Design choices:
+- The target's own chat template renders every conversation. When the template marks assistant content with
+  ``{% generation %}`` the loss mask is transformers' ``return_assistant_tokens_mask`` (every token overlapping a
+  generation span; for the demo template that is the reply and its closing ``<|im_end|>``).
+- Fallback for templates without generation markers (e.g. the official Qwen3 template): render the whole
+  conversation to text, locate each message's content in order (each search starts where the previous message's
+  content ended, so a reply quoted in an earlier turn is never matched), and mark the assistant content plus an
+  end-of-turn token (``tokenizer.eos_token``) that immediately follows it; tokens are then marked by character
+  overlap, exactly as transformers does for generation spans. Template-added wrappers inside an assistant turn (a
+  Qwen3 ``<think>`` block, a role header) are not supervised. A conversation whose content cannot be located (a
+  template that rewrites content) is a bad record ``chat_template_error``.
+- Truncation keeps the head of a conversation: ``min(max_length, seq_len)`` tokens. A truncated conversation with no
+  supervised token left is ``over_max_length``; fewer than ``min_supervised_tokens`` is
+  ``too_few_supervised_tokens``; with ``block_size > 0`` a conversation where no supervised position ``p`` leaves a
+  whole draft block inside the document (``p + block_size < length``) is ``no_anchor_room`` — the drafter could not
+  draw a single anchor from it.
+- Packing is first-fit over a few open rows (default 4): a document goes into the first open row with room, else the
+  fullest open row is emitted and a new one opened. Deterministic, never splits a document, and wastes less than
+  next-fit. Every row is exactly ``seq_len`` long (padding: pad id, loss 0, document id -1, position 0).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dspark_lightning.data.sharegpt import InvalidRecord
+
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_markers(chat_template: str | None) -> bool:
+    """Whether a chat template wraps assistant content in ``{% generation %}`` ... ``{% endgeneration %}``."""
+    return bool(chat_template) and bool(_GENERATION_TAG.search(chat_template))
+
+
+@dataclass(frozen=True)
+class TokenizedConversation:
+    """Token ids of one rendered conversation and its assistant (loss) mask."""
+
+    input_ids: list[int]
+    loss_mask: list[bool]
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _mask_from_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """True for every token whose character range overlaps one of the (sorted, disjoint) spans."""
+    mask = [False] * len(offsets)
+    span_index = 0
+    for token_index, (start, end) in enumerate(offsets):
+        while span_index < len(spans) and start >= spans[span_index][1]:
+            span_index += 1
+        if span_index == len(spans):
+            break
+        if end > spans[span_index][0] and end > start:
+            mask[token_index] = True
+    return mask
+
+
+def assistant_spans_by_search(text: str, messages: Sequence[dict[str, str]], end_of_turn: str | None):
+    """Character spans of the assistant contents (plus a directly following ``end_of_turn``) inside ``text``."""
+    spans = []
+    cursor = 0
+    for index, message in enumerate(messages):
+        content = message["content"]
+        start = text.find(content, cursor)
+        if start < 0 and content.strip() != content:
+            content = content.strip()
+            start = text.find(content, cursor)
+        if start < 0:
+            raise InvalidRecord("chat_template_error", f"turn {index} content not found in the rendered template")
+        end = start + len(content)
+        cursor = end
+        if message["role"] != "assistant":
+            continue
+        if end_of_turn and text.startswith(end_of_turn, end):
+            end += len(end_of_turn)
+        spans.append((start, end))
+    return spans
+
+
+class ConversationEncoder:
+    """Render, tokenise, mask and truncate conversations with one tokenizer (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_length: int | None = None,
+        min_supervised_tokens: int = 1,
+        block_size: int = 0,
+        template_kwargs: dict[str, Any] | None = None,
+    ):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.min_supervised_tokens = min_supervised_tokens
+        self.block_size = block_size
+        self.template_kwargs = dict(template_kwargs or {})
+        self.uses_generation_markers = has_generation_markers(tokenizer.chat_template)
+
+    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
+        )
+
+    def _ids_and_mask(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[bool]]:
+        if self.uses_generation_markers:
+            encoded = self.tokenizer.apply_chat_template(
+                list(messages),
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                **self.template_kwargs,
+            )
+            return list(encoded["input_ids"]), [bool(m) for m in encoded["assistant_masks"]]
+        text = self.render(messages)
+        spans = assistant_spans_by_search(text, messages, self.tokenizer.eos_token)
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(encoded["input_ids"]), _mask_from_spans(encoded["offset_mapping"], spans)
+
+    def encode(self, messages: Sequence[dict[str, str]], max_length: int | None = None) -> TokenizedConversation:
+        """Token ids and assistant mask, truncated to ``min(self.max_length, max_length)``; raises InvalidRecord."""
+        try:
+            input_ids, loss_mask = self._ids_and_mask(messages)
+        except InvalidRecord:
+            raise
+        except Exception as error:  # jinja2 TemplateError from raise_exception(), or anything the template trips on
+            raise InvalidRecord("chat_template_error", f"{type(error).__name__}: {error}") from None
+        limit = min(x for x in (self.max_length, max_length, len(input_ids)) if x is not None)
+        truncated = limit < len(input_ids)
+        input_ids, loss_mask = input_ids[:limit], loss_mask[:limit]
+        supervised = sum(loss_mask)
+        if truncated and supervised == 0:
+            raise InvalidRecord("over_max_length", f"no assistant token within the first {limit} tokens")
+        if supervised < self.min_supervised_tokens:
+            raise InvalidRecord("too_few_supervised_tokens", f"{supervised} < {self.min_supervised_tokens}")
+        if self.block_size > 0 and not any(loss_mask[: max(0, len(loss_mask) - self.block_size)]):
+            raise InvalidRecord("no_anchor_room", f"no assistant token before the last {self.block_size} tokens")
+        return TokenizedConversation(input_ids, loss_mask, truncated)
+
+    def prompt_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Ids of ``messages`` followed by the generation prompt (the input that asks for the next reply)."""
+        return list(
+            self.tokenizer.apply_chat_template(
+                list(messages), tokenize=True, add_generation_prompt=True, return_dict=False, **self.template_kwargs
+            )
+        )
+
+
+@dataclass
+class _OpenRow:
+    documents: list[TokenizedConversation] = field(default_factory=list)
+    length: int = 0
+
+
+class SequencePacker:
+    """First-fit packing of tokenised documents into rows of exactly ``seq_len`` tokens (see the module docstring)."""
+
+    def __init__(self, seq_len: int, pad_token_id: int, open_rows: int = 4):
+        if seq_len < 1 or open_rows < 1:
+            raise ValueError("seq_len and open_rows must be positive")
+        self.seq_len, self.pad_token_id, self.open_rows = seq_len, pad_token_id, open_rows
+        self._rows: list[_OpenRow] = []
+
+    def add(self, document: TokenizedConversation) -> list[dict[str, torch.Tensor]]:
+        """Place one document (≤ seq_len tokens); returns the rows this completes (possibly none)."""
+        if len(document) > self.seq_len:
+            raise ValueError(f"document of {len(document)} tokens exceeds seq_len={self.seq_len}; truncate first")
+        if len(document) == 0:
+            return []
+        for row in self._rows:
+            if row.length + len(document) <= self.seq_len:
+                row.documents.append(document)
+                row.length += len(document)
+                return [self._emit(row)] if row.length == self.seq_len else []
+        emitted = []
+        if len(self._rows) >= self.open_rows:
+            emitted.append(self._emit(max(self._rows, key=lambda r: r.length)))
+        self._rows.append(_OpenRow([document], len(document)))
+        if len(document) == self.seq_len:
+            emitted.append(self._emit(self._rows[-1]))
+        return emitted
+
+    def flush(self) -> list[dict[str, torch.Tensor]]:
+        """Emit every open row (fullest first)."""
+        rows = sorted(self._rows, key=lambda r: -r.length)
+        return [self._emit(row) for row in rows]
+
+    def _emit(self, row: _OpenRow) -> dict[str, torch.Tensor]:
+        self._rows.remove(row)
+        return build_packed_row(row.documents, self.seq_len, self.pad_token_id)
+
+
+def build_packed_row(
+    documents: Sequence[TokenizedConversation], seq_len: int, pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """One row of the batch contract (see ``dspark_lightning.data``) from documents that fit in ``seq_len``."""
+    input_ids = torch.full((seq_len,), pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros(seq_len, dtype=torch.bool)
+    document_ids = torch.full((seq_len,), -1, dtype=torch.long)
+    position_ids = torch.zeros(seq_len, dtype=torch.long)
+    offset = 0
+    for index, document in enumerate(documents):
+        end = offset + len(document)
+        if end > seq_len:
+            raise ValueError(f"documents need {end} tokens > seq_len={seq_len}")
+        input_ids[offset:end] = torch.tensor(document.input_ids, dtype=torch.long)
+        loss_mask[offset:end] = torch.tensor(document.loss_mask, dtype=torch.bool)
+        document_ids[offset:end] = index
+        position_ids[offset:end] = torch.arange(len(document))
+        offset = end
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "document_ids": document_ids, "position_ids": position_ids}
