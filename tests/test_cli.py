@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dspark_lightning.cli import cli_main
 
@@ -93,16 +95,38 @@ def test_console_script_runs_fit(tmp_path):
     assert (tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt").exists()
 
 
-def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
-    straight = cli_main(["fit", *small_run_args(tmp_path / "a", 8)])
-    first = cli_main(["fit", *small_run_args(tmp_path / "b", 4)])
-    ckpt = tmp_path / "b" / "run" / "version_0" / "checkpoints" / "last.ckpt"
-    assert first.trainer.global_step == 4
-    resumed = cli_main(["fit", *small_run_args(tmp_path / "b", 8), f"--ckpt_path={ckpt}"])
-    assert resumed.trainer.global_step == 8
-    a = {k: v for k, v in straight.model.drafter.state_dict().items()}
-    b = resumed.model.drafter.state_dict()
-    for key, value in a.items():
-        torch.testing.assert_close(b[key], value, rtol=0, atol=0, msg=f"{key} differs after resume")
-    # the interrupted half alone is different: the resume really continued training
-    assert not torch.equal(first.model.drafter.backbone.fc.weight, straight.model.drafter.backbone.fc.weight)
+class SimulatedKill(Exception):
+    pass
+
+
+class KillAtStep(L.Callback):
+    """Raise at the start of training step ``step`` (after the step-``step`` checkpoint was written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise SimulatedKill(f"killed at step {self.step}")
+
+
+def test_killed_and_resumed_run_matches_an_uninterrupted_run(tmp_path):
+    """Interrupted after step n (a mid-epoch checkpoint), resumed to 2n: same weights as an uninterrupted run."""
+    n = 4
+    straight = cli_main(["fit", *small_run_args(tmp_path / "a", 2 * n)])
+
+    interrupted = cli_main(small_run_args(tmp_path / "b", 2 * n), run=False)
+    every_n = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=n, save_top_k=-1)
+    interrupted.trainer.callbacks[-1:-1] = [every_n, KillAtStep(n)]
+    with pytest.raises(SimulatedKill):
+        interrupted.trainer.fit(interrupted.model, interrupted.datamodule)
+    (ckpt,) = (tmp_path / "ckpt").glob(f"*step={n}.ckpt")
+
+    resumed = cli_main(["fit", *small_run_args(tmp_path / "c", 2 * n), f"--ckpt_path={ckpt}"])
+    assert resumed.trainer.global_step == 2 * n
+    expected = straight.model.drafter.state_dict()
+    for key, value in resumed.model.drafter.state_dict().items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=0, msg=f"{key} differs after resume")
+    # not trivially equal: the weights at the kill point differ from the final ones
+    halfway = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]["drafter.backbone.fc.weight"]
+    assert not torch.equal(halfway, expected["backbone.fc.weight"])

@@ -177,14 +177,24 @@ class _ReportingIterator:
 class CountingDataLoader(DataLoader):
     """DataLoader that sets the stream's epoch before each pass and logs the data counts after it."""
 
-    def __init__(self, *args: Any, before_pass: Callable[[], None] | None = None, after_pass=None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        before_pass: Callable[[], None] | None = None,
+        after_pass=None,
+        batches_to_skip: Callable[[], int] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
-        self.before_pass, self.after_pass = before_pass, after_pass
+        self.before_pass, self.after_pass, self.batches_to_skip = before_pass, after_pass, batches_to_skip
 
     def __iter__(self) -> Any:
         if self.before_pass is not None:
             self.before_pass()
         inner = super().__iter__()
+        skip = self.batches_to_skip() if self.batches_to_skip is not None else 0
+        for _ in range(skip):  # resuming mid-epoch: replay the stream up to where the checkpoint was taken
+            next(inner, None)
         return _ReportingIterator(inner, self.after_pass) if self.after_pass is not None else inner
 
 
@@ -196,6 +206,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         tokenizer: str,
         train_files: str | list[str] | None = None,
         val_files: str | list[str] | None = None,
+        test_files: str | list[str] | None = None,
         seq_len: int = 512,
         batch_size: int = 4,
         num_workers: int = 0,
@@ -217,6 +228,7 @@ class ShareGPTDataModule(L.LightningDataModule):
             train_files: Training conversations: local ``.json``/``.jsonl`` files, directories or globs (or a list of
                 them), or a Hugging Face dataset id ``owner/name[:config]:split`` (default split ``train``).
             val_files: Validation conversations, same forms (default split for a hub id: ``validation``).
+            test_files: Test conversations for ``dspark-lightning test``, same forms (default: ``val_files``).
             seq_len: Tokens per packed row; every row is padded to exactly this length.
             batch_size: Packed rows per batch.
             num_workers: DataLoader worker processes (at most the number of shards do work).
@@ -237,7 +249,8 @@ class ShareGPTDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.tokenizer_name = tokenizer
-        self.train_files, self.val_files = train_files, val_files
+        self.train_files, self.val_files, self.test_files = train_files, val_files, test_files
+        self._resume: dict[str, int] | None = None
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.shuffle_buffer, self.seed, self.on_bad_record = shuffle_buffer, seed, on_bad_record
         self.max_length, self.min_supervised_tokens = max_length, min_supervised_tokens
@@ -299,10 +312,13 @@ class ShareGPTDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------------- streams
     def _source(self, split: str) -> DataSource:
-        spec = self.train_files if split == "train" else self.val_files
+        if split == "test":
+            spec, option = (self.test_files or self.val_files), "test_files (or val_files)"
+        else:
+            spec, option = (self.train_files, "train_files") if split == "train" else (self.val_files, "val_files")
         if spec is None:
-            raise ValueError(f"no {'train_files' if split == 'train' else 'val_files'} configured")
-        return resolve_source(spec, default_split=split)
+            raise ValueError(f"no {option} configured")
+        return resolve_source(spec, default_split="validation" if split == "test" and not self.test_files else split)
 
     def _distributed_context(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
@@ -313,13 +329,13 @@ class ShareGPTDataModule(L.LightningDataModule):
         return 0, 1
 
     def build_dataset(
-        self, split: Literal["train", "validation"], rank: int | None = None, world_size: int | None = None
+        self, split: Literal["train", "validation", "test"], rank: int | None = None, world_size: int | None = None
     ) -> PackedConversationStream:
         """The packed stream of ``split`` for one rank (defaults: the trainer's / torch.distributed's, else 0 of 1)."""
         if rank is None or world_size is None:
             rank, world_size = self._distributed_context()
         source = self._source(split)
-        limit = self.limit_val_samples if split == "validation" else None
+        limit = self.limit_val_samples if split != "train" else None
         records = open_record_stream(source, limit=limit)
         if split == "train" and self.shuffle_buffer > 0:
             records = records.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
@@ -330,7 +346,7 @@ class ShareGPTDataModule(L.LightningDataModule):
             records, source, self.encoder, self.seq_len, self.pad_token_id, self.on_bad_record, self._counts[split]
         )
 
-    def _dataloader(self, split: Literal["train", "validation"], **dataset_kwargs: Any) -> CountingDataLoader:
+    def _dataloader(self, split: Literal["train", "validation", "test"], **dataset_kwargs: Any) -> CountingDataLoader:
         dataset = self.build_dataset(split, **dataset_kwargs)
         if self.num_workers > 0:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -344,12 +360,20 @@ class ShareGPTDataModule(L.LightningDataModule):
             if split == "train" and self.shuffle_buffer > 0:
                 dataset.set_epoch(trainer.current_epoch if trainer is not None else epoch)
 
+        def batches_to_skip() -> int:
+            trainer = getattr(self, "trainer", None)
+            resume, self._resume = self._resume, None
+            if split != "train" or not resume or trainer is None or resume["epoch"] != trainer.current_epoch:
+                return 0
+            return resume["batches_consumed"]
+
         return CountingDataLoader(
             dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             before_pass=before_pass,
             after_pass=lambda: self.log_data_stats(split),
+            batches_to_skip=batches_to_skip,
         )
 
     def train_dataloader(self, **dataset_kwargs: Any) -> CountingDataLoader:
@@ -359,6 +383,28 @@ class ShareGPTDataModule(L.LightningDataModule):
     def val_dataloader(self, **dataset_kwargs: Any) -> CountingDataLoader:
         """Validation batches in file order."""
         return self._dataloader("validation", **dataset_kwargs)
+
+    def test_dataloader(self, **dataset_kwargs: Any) -> CountingDataLoader:
+        """Test batches in file order (``test_files``, else the validation files)."""
+        return self._dataloader("test", **dataset_kwargs)
+
+    # ------------------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, int]:
+        """Saved in checkpoints: how far into the current training epoch the stream was consumed.
+
+        The stream's order is a function of (seed, epoch), so resuming replays it and skips the batches already
+        trained on; a resumed run sees exactly the batches an uninterrupted run would have seen.
+        """
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return {}
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        # ``processed`` (not ``completed``): a checkpoint taken in on_train_batch_end has processed the batch but not
+        # yet marked it completed; both agree at validation time
+        return {"epoch": trainer.current_epoch, "batches_consumed": progress.processed}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._resume = dict(state_dict) if state_dict else None
 
     # ------------------------------------------------------------------------------------------------- counts
     def data_stats(self, split: str = "train") -> dict[str, int]:
