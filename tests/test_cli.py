@@ -73,6 +73,12 @@ def test_fit_then_validate_from_checkpoint(fitted_run):
     tau_fit = float(cli.trainer.callback_metrics["val/tau"])
     assert tau_fit > 1.0 and torch.isfinite(torch.tensor(tau_fit))
     assert list((version / "plots").glob("val_acceptance_per_slot_*.png"))
+    assert list((version / "plots").glob("val_selector_coverage_*.png"))
+    metrics = cli.trainer.callback_metrics
+    # Selector-equivalence and measured-decoding callbacks log next to the teacher-forced metrics
+    assert 0.0 <= float(metrics["val/selector/coverage@16"]) <= 1.0
+    assert float(metrics["val/selector/coverage@64"]) >= float(metrics["val/selector/coverage@1"])
+    assert float(metrics["val/decode/markov/tau"]) >= 1.0
     # the checkpoint holds only trainable drafter state, never the target
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     assert state and all(k.startswith("drafter.") for k in state)
