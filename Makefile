@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CONSTRAINTS ?= constraints-cpu.txt
 
-.PHONY: install quickstart test lint bench assets clean
+.PHONY: install quickstart test lint bench assets gpu-check clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
+
+# CUDA checks (flex vs sdpa parity, bf16 fit, throughput, Selector timing); a small CPU smoke run without CUDA
+gpu-check: $(STAMP)
+	WANDB_MODE=disabled $(BIN)/python scripts/gpu_check.py
 
 assets: $(STAMP)
 	$(BIN)/python scripts/make_demo_assets.py

@@ -183,6 +183,8 @@ class DraftAttention(nn.Module):
         cos_k, sin_k = rotary_cos_sin(kv_positions, self.head_dim, self.rope_theta, k.dtype)
         q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
 
+        # under autocast the fp32 norm weights promote q/k to fp32 while v stays bf16: give all three one dtype
+        q, k = q.to(v.dtype), k.to(v.dtype)
         gqa = self.num_heads != self.num_kv_heads
         if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):  # a FlexAttention BlockMask
             from torch.nn.attention.flex_attention import flex_attention
