@@ -6,6 +6,7 @@ other subcommands are plain tools dispatched before LightningCLI parses anything
     dspark-lightning fit --config configs/quickstart.yaml [--config configs/heads/gated.yaml] [--model.block_size 16]
     dspark-lightning validate --config configs/quickstart.yaml --ckpt_path runs/.../last.ckpt
     dspark-lightning regenerate --target assets/demo-target --data assets/data/sharegpt/train-*.jsonl --output DIR
+    dspark-lightning cache --target assets/demo-target --data assets/data/regenerated/train-*.jsonl --output DIR
 
 Values that the data and the model share are linked, never repeated in YAML: the tokenizer is the target's
 (``model.target`` -> ``data.tokenizer``), the block size goes to the data module (``model.block_size`` ->
@@ -48,8 +49,20 @@ def _export(argv: Sequence[str]):
     return main(list(argv))
 
 
+def _cache(argv: Sequence[str]):
+    from dspark_lightning.data.cache import main
+
+    return main(list(argv))
+
+
 def _draft_vocab(argv: Sequence[str]):
     from dspark_lightning.draft_vocab import main
+
+    return main(list(argv))
+
+
+def _report(argv: Sequence[str]):
+    from dspark_lightning.report import main
 
     return main(list(argv))
 
@@ -58,7 +71,9 @@ EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
     "regenerate": (_regenerate, "rewrite assistant turns with the target's own greedy generations (on-policy data)"),
     "decode": (_decode, "measured speculative decoding of a checkpoint on the eval prompts (table per mode)"),
     "calibrate": (_calibrate, "fit per-slot confidence temperatures (sequential temperature scaling)"),
+    "report": (_report, "train every Markov head x block size on the demo and write report.md + plots"),
     "export": (_export, "write a checkpoint in the speculators DSpark format that vLLM serves"),
+    "cache": (_cache, "run the target once over packed data and store its features (train with no target)"),
     "draft-vocab": (_draft_vocab, "build a reduced draft vocabulary (d2t/t2d) from token frequencies of a dataset"),
 }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
 
     if not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} does not exist")
-    module = DSparkModule.load_from_checkpoint(ckpt_path, map_location=map_location, weights_only=True)
+    with warnings.catch_warnings():  # the target's weights are absent on purpose: they come from model.target
+        warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
+        module = DSparkModule.load_from_checkpoint(ckpt_path, map_location=map_location, weights_only=True)
     module.eval()
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})

@@ -1,4 +1,6 @@
-"""Matplotlib figures shared by callbacks, the report and the notebooks (Agg backend, no display needed).
+"""Matplotlib figures shared by callbacks, the report and the notebooks.
+
+No backend is forced: headless machines get matplotlib's automatic Agg fallback, notebooks keep inline figures.
 
 Each function takes plain numbers (lists / 1-D tensors) and returns a ``matplotlib.figure.Figure``; saving and
 logging are the caller's business. Curves with NaN entries (slots or bins without data) are drawn with gaps.
@@ -8,10 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _values(x) -> list[float]:

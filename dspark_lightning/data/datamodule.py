@@ -20,6 +20,9 @@ Design choices:
   (or current) pass of this rank; when the loader is exhausted the totals are logged with python ``logging``
   (a warning when anything was skipped). Validation eval prompts are read separately in the main process and not
   counted.
+- Offline target cache (``train_cache`` / ``val_cache``, see ``cache.py``): a split with a cache directory reads packed
+  samples *with* the target's features from it instead of streaming records (the cache fixes packing and seq_len);
+  the tokenizer is still used for the mask/pad token ids and the eval prompts.
 """
 
 from __future__ import annotations
@@ -221,6 +224,8 @@ class ShareGPTDataModule(L.LightningDataModule):
         limit_val_samples: int | None = None,
         mask_token: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        train_cache: str | list[str] | None = None,
+        val_cache: str | list[str] | None = None,
     ):
         """
         Args:
@@ -245,6 +250,9 @@ class ShareGPTDataModule(L.LightningDataModule):
             mask_token: Token to use as the drafter's mask token when the tokenizer defines none; must already be in
                 the vocabulary (e.g. an unused reserved token).
             chat_template_kwargs: Extra variables for the chat template (e.g. ``{"enable_thinking": false}``).
+            train_cache: Directory (or list) written by ``dspark-lightning cache``: train from cached target features
+                instead of ``train_files`` (pair with ``model.target_features: cache``).
+            val_cache: Same for validation and test (instead of ``val_files`` / ``test_files``).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -257,6 +265,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         self.num_eval_prompts, self.block_size = num_eval_prompts, block_size
         self.trust_remote_code, self.limit_val_samples = trust_remote_code, limit_val_samples
         self.mask_token, self.chat_template_kwargs = mask_token, chat_template_kwargs
+        self.train_cache, self.val_cache = train_cache, val_cache
         if on_bad_record not in ("skip", "raise"):
             raise ValueError(f"on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
         self._tokenizer = None
@@ -346,7 +355,34 @@ class ShareGPTDataModule(L.LightningDataModule):
             records, source, self.encoder, self.seq_len, self.pad_token_id, self.on_bad_record, self._counts[split]
         )
 
+    def cache_for(self, split: str) -> str | list[str] | None:
+        """The cache directory (or list) that ``split`` reads from, or None when it streams records."""
+        return self.train_cache if split == "train" else self.val_cache
+
+    def _cached_dataloader(self, split: str, rank: int | None = None, world_size: int | None = None):
+        from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
+
+        if rank is None or world_size is None:
+            rank, world_size = self._distributed_context()
+        training = split == "train"
+        dataset = CachedFeatureDataset(
+            self.cache_for(split), self.batch_size, training and self.shuffle_buffer > 0, self.seed, rank, world_size
+        )
+        passes = itertools.count()
+
+        def before_pass() -> tuple[int, int]:
+            trainer = getattr(self, "trainer", None)
+            epoch = trainer.current_epoch if trainer is not None else next(passes)
+            resume, skip = self._resume, 0
+            if training and resume and trainer is not None and resume["epoch"] == trainer.current_epoch:
+                self._resume, skip = None, resume["batches_consumed"]
+            return epoch, skip
+
+        return CachedFeatureLoader(dataset, self.num_workers, before_pass)
+
     def _dataloader(self, split: Literal["train", "validation", "test"], **dataset_kwargs: Any) -> CountingDataLoader:
+        if self.cache_for(split) is not None:
+            return self._cached_dataloader(split, **dataset_kwargs)
         dataset = self.build_dataset(split, **dataset_kwargs)
         if self.num_workers > 0:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

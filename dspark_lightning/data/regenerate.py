@@ -3,7 +3,8 @@
 Usage (wired as ``dspark-lightning regenerate``)::
 
     python -m dspark_lightning.data.regenerate --target Qwen/Qwen3-0.6B --data sharegpt/*.jsonl --output regen/ \
-        --max-new-tokens 512 --batch-size 16 [--limit N] [--shard-size 1000] [--chat-template-kwargs '{...}']
+        --max-new-tokens 512 --batch-size 16 [--limit N] [--shard-size 1000] [--chat-template-kwargs '{...}'] \
+        [--num-jobs 8 --job-index $SLURM_ARRAY_TASK_ID]
 
 Design choices:
 - Turn by turn: assistant turn *t* is generated from the conversation up to it, where earlier assistant turns are the
@@ -16,6 +17,9 @@ Design choices:
   restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
   cut off, ids already present are skipped and writing continues in the last shard. ``--limit`` caps the total number
   of records in the output directory, so rerunning the same command finishes an interrupted job.
+- Parallel jobs: ``--num-jobs N --job-index i`` (e.g. one process per GPU, or a SLURM array) regenerates valid
+  records i, i+N, ... and writes ``train-iiiofNNN-00000.jsonl`` ... into the same ``--output``; each job only scans
+  and resumes its own shards, and ``train-*.jsonl`` reads all of them as one dataset. ``--limit`` is per job.
 - Invalid input records are skipped and counted by reason (the same validation as training); a turn whose prompt is
   longer than ``--max-prompt-tokens`` ends the conversation there (records with no regenerated turn are dropped and
   counted); an empty reply drops the record (counted), since an empty assistant turn is not trainable.
@@ -27,6 +31,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -67,13 +72,14 @@ def to_sharegpt(identifier: str, messages: Sequence[dict[str, str]]) -> dict[str
 class ResumableShardWriter:
     """Append records to ``train-NNNNN.jsonl`` shards; knows the ids already written (see module docstring)."""
 
-    def __init__(self, directory: str | os.PathLike, shard_size: int):
+    def __init__(self, directory: str | os.PathLike, shard_size: int, prefix: str = SHARD_PREFIX):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.shard_size = shard_size
+        self.shard_size, self.prefix = shard_size, prefix
         self.done_ids: set[str] = set()
         self.removed_bytes = 0  # of partial / unreadable trailing lines left by an interrupted run
-        shards = sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl"))
+        own = re.compile(re.escape(prefix) + r"\d{5}\.jsonl")  # not another job's shards
+        shards = sorted(p for p in self.directory.glob(f"{prefix}*.jsonl") if own.fullmatch(p.name))
         count_in_last = 0
         for shard in shards:
             count_in_last = self._scan(shard)
@@ -103,7 +109,7 @@ class ResumableShardWriter:
 
     @property
     def path(self) -> Path:
-        return self.directory / f"{SHARD_PREFIX}{self.index:05d}.jsonl"
+        return self.directory / f"{self.prefix}{self.index:05d}.jsonl"
 
     def write(self, records: Iterable[dict[str, Any]]) -> None:
         for record in records:
@@ -255,6 +261,8 @@ def regenerate(
     template_kwargs: dict[str, Any] | None = None,
     model: Any = None,
     tokenizer: Any = None,
+    num_jobs: int = 1,
+    job_index: int = 0,
 ) -> dict[str, Any]:
     """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -267,7 +275,10 @@ def regenerate(
         torch_dtype = torch_dtype or getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         model = model.to(device).eval()
-    writer = ResumableShardWriter(output, shard_size)
+    if not 0 <= job_index < num_jobs:
+        raise ValueError(f"job_index must be in [0, {num_jobs}), got {job_index}")
+    prefix = SHARD_PREFIX if num_jobs == 1 else f"{SHARD_PREFIX}{job_index:03d}of{num_jobs:03d}-"
+    writer = ResumableShardWriter(output, shard_size, prefix)
     regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs)
     counts: Counter = Counter()
     already = len(writer.done_ids)
@@ -281,7 +292,9 @@ def regenerate(
         counts["written"] += len(records)
         batch.clear()
 
-    for identifier, messages in read_conversations(data, counts):
+    for ordinal, (identifier, messages) in enumerate(read_conversations(data, counts)):
+        if ordinal % num_jobs != job_index:
+            continue  # another job's record
         if budget is not None and taken >= budget:
             break
         if identifier in writer.done_ids or any(identifier == b[0] for b in batch):
@@ -317,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--chat-template-kwargs", type=json.loads, default=None, help='JSON, e.g. {"enable_thinking": false}'
     )
+    parser.add_argument("--num-jobs", type=int, default=1, help="split the records over this many parallel jobs")
+    parser.add_argument("--job-index", type=int, default=0, help="which of --num-jobs this process is (0-based)")
     parser.add_argument("--trust-remote-code", action="store_true", default=False)
     return parser
 
@@ -336,6 +351,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device=args.device,
         dtype=args.dtype,
         template_kwargs=args.chat_template_kwargs,
+        num_jobs=args.num_jobs,
+        job_index=args.job_index,
     )
     print(json.dumps(summary, indent=2))
     return summary

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from dspark_lightning import plotting
 
@@ -24,7 +24,22 @@ log = logging.getLogger(__name__)
 
 
 def run_directory(trainer: L.Trainer) -> Path:
-    return Path(trainer.log_dir or trainer.default_root_dir)
+    """``trainer.log_dir`` computed locally. That property broadcasts (a collective) and figures are drawn on global
+    rank 0 only, so calling it here would deadlock DDP: rank 0 waits in the broadcast while the other ranks have
+    moved on to the metrics' all-gather."""
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    path = logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir
+    return Path(path or trainer.default_root_dir)
+
+
+def parameters_sharded(trainer: L.Trainer) -> bool:
+    """Under FSDP the parameters are sharded outside the module's forward, so callbacks that run parts of the model
+    on their own (the Selector report, speculative decoding on rank 0) cannot run and are skipped."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return isinstance(trainer.strategy, FSDPStrategy)
 
 
 def publish_figure(trainer: L.Trainer, fig, key: str) -> str:
@@ -118,8 +133,12 @@ class SelectorEquivalenceCallback(L.Callback):
     def _applicable(self, pl_module) -> bool:
         head = pl_module.drafter.markov_head
         ok = head is not None and not head.is_path_dependent
+        if pl_module._trainer is not None and parameters_sharded(pl_module.trainer):
+            ok = False  # FSDP: the Markov head's weights are sharded outside forward
         if not ok and not self._warned:
-            log.warning("SelectorEquivalenceCallback: the drafter has no vanilla/gated Markov head; skipping")
+            log.warning(
+                "SelectorEquivalenceCallback: needs a vanilla/gated Markov head and unsharded weights (not FSDP); skipping"
+            )
             self._warned = True
         return ok
 
@@ -195,6 +214,8 @@ class SpeculativeDecodingCallback(L.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero or trainer.datamodule is None:
             return
+        if parameters_sharded(trainer) or not hasattr(pl_module.target, "model"):
+            return  # FSDP (sharded target), or cache mode (model.target_features=cache): no target decoder to verify drafts with
         from dspark_lightning.decoding import speculative_generate
 
         prompts = trainer.datamodule.eval_prompts()[: self.num_prompts]

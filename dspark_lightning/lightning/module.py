@@ -15,6 +15,17 @@ Design choices:
 - Metrics are torchmetrics classes (sum/count states), computed and logged once per validation epoch; the last
   computed values stay on ``self.last_validation`` for callbacks that draw charts.
 - In the DFlash convention (``sample_from_anchor=False``) slot 0 is never trained, so metrics see slots 1..B-1.
+- ``target_features: cache`` trains from an offline target cache (``dspark_lightning.data.cache``): only the target's
+  config, input embedding and LM head are loaded (``TargetHeads``), and every batch must carry ``context_features``
+  and ``final_hidden``. Checkpoints are the same in both modes (the frozen tensors are dropped either way). A batch
+  that carries features is used as it is in online mode too (the target is then not run).
+- ``anchor_budget`` (``uniform`` | ``per_document``, see ``models/backbone.py``) chooses how training anchors are
+  shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
+  (sum states over the epoch) report the fraction of supervised tokens that some block predicts.
+- Sharded training (``configs/strategy/fsdp.yaml``): ``configure_model`` wraps every target decoder layer and every
+  draft layer as its own FSDP unit when the strategy provides a wrapping context (and does nothing otherwise), so the
+  frozen target is sharded layer by layer and the drafter's layers train sharded; the embedding / LM head shared by
+  target and drafter stay in the root unit.
 """
 
 from __future__ import annotations
@@ -24,18 +35,44 @@ import math
 
 import lightning as L
 import torch
+import torchmetrics
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
-from dspark_lightning.models.backbone import evaluation_anchors
+from dspark_lightning.models.backbone import (
+    ANCHOR_BUDGETS,
+    anchor_coverage_counts,
+    evaluation_anchors,
+    sample_anchors,
+)
 from dspark_lightning.models.markov import VanillaMarkov, markov_config_from, markov_config_to_dict
+from dspark_lightning.models.target import TargetHeads
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+TARGET_FEATURES = ("online", "cache")
+
+
+class AnchorCoverage(torchmetrics.Metric):
+    """Supervised positions predicted by some block / all supervised positions (sum states: exact under DDP)."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("covered", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("supervised", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, covered: torch.Tensor, supervised: torch.Tensor) -> None:
+        self.covered += covered
+        self.supervised += supervised
+
+    def compute(self) -> torch.Tensor:
+        return self.covered.float() / self.supervised.clamp(min=1).float()
 
 
 def default_optimizer(params):
@@ -61,9 +98,11 @@ class DSparkModule(L.LightningModule):
         target_layer_ids: list[int] | None = None,
         target_dtype: str = "auto",
         trust_remote_code: bool = False,
+        target_features: str = "online",
         block_size: int = 8,
         num_layers: int = 1,
         max_anchors: int = 64,
+        anchor_budget: str = "uniform",
         sample_from_anchor: bool = True,
         mask_token_id: int | None = None,
         markov_head: MarkovHeadConfig | None = lazy_instance(VanillaMarkov, rank=256),
@@ -97,9 +136,13 @@ class DSparkModule(L.LightningModule):
             target_layer_ids: target decoder layers whose outputs feed the drafter (None = spread over depth).
             target_dtype: ``auto`` (the checkpoint's dtype), ``float32``, ``bfloat16`` or ``float16``.
             trust_remote_code: allow custom modelling code from the target's repository (off by default).
+            target_features: ``online`` (run the target every step) or ``cache`` (features come with the batch from
+                an offline cache: ``data.train_cache``; only the target's embedding and LM head are loaded).
             block_size: draft block size B (tokens drafted per target forward).
             num_layers: draft decoder layers.
             max_anchors: blocks sampled per packed sequence in each training step.
+            anchor_budget: ``uniform`` over the row's valid positions, or ``per_document`` (each packed document
+                gets a share proportional to its supervised tokens, at least one).
             sample_from_anchor: DSpark convention (slot k predicts p+k+1) or DFlash (slot 0 is the bonus token).
             mask_token_id: token id filling slots 1..B-1 (linked from the data module's tokenizer).
             markov_head: Markov head by class_path (``dspark_lightning.models.VanillaMarkov`` ...), null = pure DFlash.
@@ -139,7 +182,12 @@ class DSparkModule(L.LightningModule):
         dtype = DTYPES.get(target_dtype)
         if dtype is None:
             raise ValueError(f"target_dtype must be one of {sorted(DTYPES)}, got {target_dtype!r}")
-        self.target = FrozenTarget.from_pretrained(
+        if target_features not in TARGET_FEATURES:
+            raise ValueError(f"target_features must be one of {TARGET_FEATURES}, got {target_features!r}")
+        if anchor_budget not in ANCHOR_BUDGETS:
+            raise ValueError(f"anchor_budget must be one of {ANCHOR_BUDGETS}, got {anchor_budget!r}")
+        target_class = TargetHeads if target_features == "cache" else FrozenTarget
+        self.target = target_class.from_pretrained(
             target, target_layer_ids, num_layers, dtype=dtype, trust_remote_code=trust_remote_code
         )
         self.drafter_config = DrafterConfig(
@@ -168,6 +216,7 @@ class DSparkModule(L.LightningModule):
         self.metric_block_size = block_size - first
         self.val_acceptance = AcceptanceMetrics(self.metric_block_size)
         self.val_calibration = ConfidenceCalibration(self.metric_block_size)
+        self.val_coverage = AnchorCoverage()
         self.last_validation: dict[str, torch.Tensor] = {}
         if candidate_loss_weight > 0 and (
             self.drafter.markov_head is None or self.drafter.markov_head.is_path_dependent
@@ -190,22 +239,76 @@ class DSparkModule(L.LightningModule):
         if missing:
             raise KeyError(f"checkpoint lacks trainable drafter tensors (different model config?): {missing[:8]}")
 
+    def setup(self, stage: str) -> None:
+        """Check that the data module's feature cache (if any) was written for this target and these layers."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        cache_for = getattr(datamodule, "cache_for", None)
+        caches = [c for c in ((cache_for("train"), cache_for("validation")) if cache_for else ()) if c is not None]
+        if self.hparams.target_features == "cache" and datamodule is not None and cache_for and not caches:
+            raise ValueError("model.target_features is 'cache' but the data module has no data.train_cache/val_cache")
+        if not caches:
+            return
+        from dspark_lightning.data.cache import load_cache_indexes
+
+        for cache in caches:
+            meta = load_cache_indexes(cache)[0].meta
+            if meta["target_layer_ids"] != self.target.target_layer_ids:
+                raise ValueError(
+                    f"cache {cache} holds target layers {meta['target_layer_ids']} but the drafter reads "
+                    f"{self.target.target_layer_ids}: set model.target_layer_ids {meta['target_layer_ids']}"
+                )
+            if meta["hidden_size"] != self.target.hidden_size:
+                raise ValueError(f"cache {cache} was written for hidden size {meta['hidden_size']}, not this target")
+        if self.hparams.target_features == "online":
+            log.warning("training from a feature cache with the full target loaded: set model.target_features=cache")
+
+    def configure_model(self) -> None:
+        """FSDP: each target decoder layer and each draft layer becomes its own unit (no-op for other strategies)."""
+        from torch.distributed.fsdp.wrap import wrap
+
+        model = getattr(self.target, "model", None)  # None for TargetHeads (cache mode): nothing to shard there
+        decoder = getattr(model, model.base_model_prefix, None) if model is not None else None
+        for layers in (getattr(decoder, "layers", None), self.drafter.backbone.layers):
+            if isinstance(layers, torch.nn.ModuleList):
+                for i, layer in enumerate(layers):
+                    layers[i] = wrap(layer)
+
     # ------------------------------------------------------------------ steps
     def _generator(self) -> torch.Generator:
         seed = (self.hparams.seed * 1_000_003 + self.global_step) * 64 + self.global_rank
         return torch.Generator().manual_seed(seed)
 
-    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None):
+    def target_features(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(context_features, final_hidden): from the batch (offline cache) or by running the target."""
+        if "context_features" in batch:
+            return batch["context_features"], batch["final_hidden"].to(self.drafter.lm_head.weight.dtype)
         features = self.target.features(batch["input_ids"], batch["position_ids"])
+        return features.context_features, features.final_hidden
+
+    def training_anchors(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None):
+        hp = self.hparams
+        return sample_anchors(
+            batch["loss_mask"],
+            batch["document_ids"],
+            hp.block_size,
+            hp.max_anchors,
+            hp.sample_from_anchor,
+            generator,
+            budget=hp.anchor_budget,
+        )
+
+    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None):
+        context_features, final_hidden = self.target_features(batch)
+        if anchors is None:
+            anchors = self.training_anchors(batch, generator)
         out = self.drafter(
             batch["input_ids"],
             batch["loss_mask"],
             batch["document_ids"],
             batch["position_ids"],
-            features.context_features,
-            features.final_hidden,
+            context_features,
+            final_hidden,
             anchors=anchors,
-            generator=generator,
         )
         hp = self.hparams
         B = hp.block_size
@@ -253,7 +356,7 @@ class DSparkModule(L.LightningModule):
             )
             total = total + hp.candidate_loss_weight * cand
             losses["loss_candidate"] = cand.detach()
-            losses[f"candidate_recall@{hp.candidate_k}"] = _recall_value(recall)
+            losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
         losses["loss"] = total.detach()
         first = self.drafter_config.first_trained_slot
         view = lambda t: None if t is None else t[:, first:]  # noqa: E731
@@ -263,13 +366,19 @@ class DSparkModule(L.LightningModule):
         vocab = self.drafter.draft_vocab
         return target_ids if vocab is None else vocab.to_draft(target_ids)
 
+    def coverage_counts(self, batch, anchors) -> tuple[torch.Tensor, torch.Tensor]:
+        hp = self.hparams
+        return anchor_coverage_counts(anchors, batch["loss_mask"], hp.block_size, hp.sample_from_anchor)
+
     def training_step(self, batch, batch_idx):
-        total, losses, alpha, match, valid, _, _ = self.shared_step(batch, self._generator())
+        total, losses, alpha, match, valid, _, out = self.shared_step(batch, self._generator())
         with torch.no_grad():
             stats = AcceptanceMetrics(self.metric_block_size).to(self.device)
             stats.update(alpha, match, valid)
             values = stats.compute()
+            covered, supervised = self.coverage_counts(batch, out.anchors)
         batch_size = batch["input_ids"].shape[0]
+        self.log("train/anchor_coverage", covered.float() / supervised.clamp(min=1).float(), batch_size=batch_size)
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=False, batch_size=batch_size)
         self.log("train/tau", values["tau"], prog_bar=True, batch_size=batch_size)
         self.log("train/accept_rate", values["accept_rate"], batch_size=batch_size)
@@ -291,10 +400,12 @@ class DSparkModule(L.LightningModule):
             self.hparams.block_size,
             self.hparams.val_anchor_stride or self.hparams.block_size,
             self.hparams.sample_from_anchor,
+            pad_to=self.hparams.max_anchors,
         )
         total, losses, alpha, match, valid, confidence, out = self.shared_step(batch, anchors=anchors)
         self.last_eval_output = out  # read by evaluation callbacks in on_validation_batch_end
         self.val_acceptance.update(alpha, match, valid)
+        self.val_coverage.update(*self.coverage_counts(batch, anchors))
         if confidence is not None:
             self.val_calibration.update(confidence, alpha, valid)
         batch_size = batch["input_ids"].shape[0]
@@ -310,6 +421,8 @@ class DSparkModule(L.LightningModule):
         self.last_validation = values
         stage = "test" if self.trainer.testing else "val"
         self.log_dict(flatten_metrics(values, stage), sync_dist=False)
+        self.log(f"{stage}/anchor_coverage", self.val_coverage.compute())
+        self.val_coverage.reset()
 
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end()
@@ -349,12 +462,6 @@ def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, fl
                 if not math.isnan(v):
                     flat[f"{prefix}{base}/slot_{slot}"] = v
     return flat
-
-
-def _recall_value(recall) -> torch.Tensor:
-    if isinstance(recall, dict):
-        recall = recall.get("recall", next(iter(recall.values())))
-    return torch.as_tensor(recall, dtype=torch.float32).detach()
 
 
 def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:

@@ -11,10 +11,20 @@ no cache and ``position_ids`` that restart at 0 for every document, the causal m
 
 The model is put in eval mode with every parameter frozen; ``train()`` cannot switch it back. Loading never
 trusts remote code unless the caller sets ``trust_remote_code=True``.
+
+``TargetHeads`` is the target without its decoder: config, input embedding and LM head only, for training from an
+offline feature cache (``dspark_lightning.data.cache``). It reads just those tensors from the target's safetensors
+files (a local directory or the hub; with a sharded checkpoint only the shards that hold them are downloaded). The
+tensor names come from building the model on the meta device (no memory) and asking it which parameters are its
+input and output embeddings; a tied LM head (``tie_word_embeddings``) shares the embedding's weight, as it does in
+the full model.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -105,3 +115,126 @@ class FrozenTarget(nn.Module):
         hidden_states = outputs.hidden_states
         context = torch.cat([hidden_states[i + 1] for i in self.target_layer_ids], dim=-1)
         return TargetFeatures(context_features=context, final_hidden=outputs.last_hidden_state)
+
+
+def _checkpoint_files(name_or_path: str) -> tuple[dict[str, str], Callable[[str], str]]:
+    """(weight name -> safetensors file name, file name -> local path) for a local directory or a hub id."""
+    local = os.path.isdir(name_or_path)
+
+    def fetch(filename: str) -> str:
+        if local:
+            return os.path.join(name_or_path, filename)
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(name_or_path, filename)
+
+    try:
+        index_path = fetch("model.safetensors.index.json")
+        if not os.path.exists(index_path):
+            raise FileNotFoundError(index_path)
+        with open(index_path) as handle:
+            return dict(json.load(handle)["weight_map"]), fetch
+    except Exception:  # noqa: BLE001 - not sharded (or no index): a single model.safetensors
+        single = fetch("model.safetensors")
+        if not os.path.exists(single):
+            raise FileNotFoundError(
+                f"target {name_or_path!r} has no model.safetensors(.index.json); cache mode needs safetensors weights"
+            ) from None
+        from safetensors import safe_open
+
+        with safe_open(single, "pt") as handle:
+            return dict.fromkeys(handle.keys(), "model.safetensors"), fetch
+
+
+class TargetHeads(nn.Module):
+    """Config + input embedding + LM head of a target, without its decoder layers (see module docstring)."""
+
+    def __init__(
+        self,
+        config,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear,
+        target_layer_ids: list[int] | None = None,
+        num_draft_layers: int = 1,
+    ) -> None:
+        super().__init__()
+        self._config = config
+        self.num_layers = config.num_hidden_layers
+        if target_layer_ids is None:
+            target_layer_ids = default_target_layer_ids(self.num_layers, num_draft_layers)
+        for layer_id in target_layer_ids:
+            if not 0 <= layer_id < self.num_layers:
+                raise ValueError(f"target layer id {layer_id} out of range for a {self.num_layers}-layer target")
+        self.target_layer_ids = list(target_layer_ids)
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.requires_grad_(False)
+        self.eval()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        target_layer_ids: list[int] | None = None,
+        num_draft_layers: int = 1,
+        dtype: torch.dtype | str = "auto",
+        trust_remote_code: bool = False,
+    ) -> TargetHeads:
+        from safetensors import safe_open
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        embedding, head = skeleton.get_input_embeddings().weight, skeleton.get_output_embeddings().weight
+        names = {"embed": None, "head": None}
+        for name, parameter in skeleton.named_parameters(remove_duplicate=False):
+            if parameter is embedding and names["embed"] is None:
+                names["embed"] = name
+            if parameter is head and names["head"] is None:
+                names["head"] = name
+        tied = head is embedding
+        weight_map, fetch = _checkpoint_files(name_or_path)
+
+        def load(name: str) -> torch.Tensor:
+            if name not in weight_map:
+                raise KeyError(
+                    f"target {name_or_path!r}: tensor {name!r} not found in its safetensors files "
+                    "(renamed checkpoint keys?); train online instead of from a cache"
+                )
+            with safe_open(fetch(weight_map[name]), "pt") as handle:
+                tensor = handle.get_tensor(name)
+            return tensor if dtype == "auto" else tensor.to(dtype)
+
+        embed_weight = load(names["embed"])
+        embed_tokens = nn.Embedding(*embed_weight.shape, _weight=embed_weight, _freeze=True)
+        if tied:
+            head_weight = embed_tokens.weight
+        elif names["head"] in weight_map:
+            head_weight = nn.Parameter(load(names["head"]), requires_grad=False)
+        else:
+            raise KeyError(f"target {name_or_path!r}: LM head {names['head']!r} is not in its safetensors files")
+        lm_head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False, device="meta")
+        lm_head.weight = head_weight
+        return cls(config, embed_tokens, lm_head, target_layer_ids, num_draft_layers)
+
+    def train(self, mode: bool = True) -> TargetHeads:  # frozen, like the full target
+        return super().train(False)
+
+    @property
+    def config(self):
+        return self._config
+
+    @property
+    def hidden_size(self) -> int:
+        return self._config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed_tokens.weight.shape[0]
+
+    def features(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> TargetFeatures:
+        raise RuntimeError(
+            "this target was loaded without its decoder (cache mode): the batch must carry context_features and "
+            "final_hidden from an offline cache (data.train_cache / data.val_cache)"
+        )

@@ -1,0 +1,310 @@
+"""Helpers shared by ``dspark-lightning report``, the tutorials and the analysis notebook.
+
+They are thin layers over the framework's own entry points, so a notebook shows the real calls rather than copies:
+
+- runs: ``demo_fit_args`` (the ``fit`` arguments of a CPU-sized demo run: ``configs/quickstart.yaml`` + a head
+  config + overrides), ``shell_command`` (the same as a shell line), ``find_runs`` / ``run_label`` (discover run
+  directories and name them by head and block size);
+- measuring a trained ``DSparkModule``: ``collect_blocks`` (validation blocks with everything the Selector and
+  calibration analyses need, from ``module.shared_step`` on the deterministic evaluation anchors, i.e. the same
+  blocks as the validation metrics), ``heldout_calibration`` (sequential temperature scaling fitted on half of the
+  blocks, ECE and reliability bins measured on the other half), ``reliability_bins``, ``measured_decoding`` (greedy
+  speculative decoding with the target through ``evaluate.decode_table``);
+- output hygiene: ``quiet_logs`` / ``quieted`` (Lightning info lines, HF progress bars and a list of known harmless
+  warnings off).
+
+Design choices: every path handed to the CLI is absolute (``REPO_ROOT`` is the checkout the package is installed
+from, an editable install), so notebooks work from any working directory and never write into the repository
+unless told to; the demo budget defaults (sequence length 128, 4 rows, 16 anchors) are the ones that learn visibly
+in a few hundred CPU steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+def demo_fit_args(
+    run_dir: str | Path,
+    *,
+    head: str = "vanilla",
+    block_size: int = 8,
+    steps: int = 200,
+    seq_len: int = 128,
+    batch_size: int = 4,
+    max_anchors: int = 16,
+    val_samples: int = 64,
+    val_batches: int = 8,
+    eval_prompts: int = 8,
+    name: str | None = None,
+    wandb: bool = False,
+    progress_bar: bool = False,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``fit`` arguments: ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` shrunk to a CPU budget.
+
+    Logs go to ``run_dir/<name>/version_N`` (CSV; plus an offline W&B run under ``run_dir/<name>/wandb`` when
+    ``wandb``). Validation runs once, at the end. All paths are absolute, so the current directory does not matter.
+    The quickstart's callbacks are replaced by checkpointing and the chart callbacks (no progress bar, no decoding
+    during fit: the report measures decoding itself).
+    """
+    name = name or f"{head}_b{block_size}"
+    loggers = [
+        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(run_dir), "name": name}}
+    ]
+    if wandb:
+        loggers.append(
+            {
+                "class_path": "dspark_lightning.lightning.wandb.OfflineFirstWandbLogger",
+                "init_args": {"save_dir": str(Path(run_dir) / name), "project": "dspark-lightning"},
+            }
+        )
+    callbacks = [
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "save_top_k": 0},
+        },
+        {"class_path": "dspark_lightning.lightning.callbacks.AcceptanceCurves"},
+        {"class_path": "dspark_lightning.lightning.callbacks.CalibrationDiagram"},
+    ]
+    if progress_bar:
+        callbacks.insert(0, {"class_path": "lightning.pytorch.callbacks.TQDMProgressBar"})
+    root = REPO_ROOT
+    return [
+        f"--config={root / 'configs/quickstart.yaml'}",
+        f"--config={root / 'configs/heads' / head}.yaml",
+        f"--model.target={root / 'assets/demo-target'}",
+        f"--data.train_files={root / 'assets/data/regenerated'}/train-*.jsonl",
+        f"--data.val_files={root / 'assets/data/sharegpt'}/validation-*.jsonl",
+        f"--model.block_size={block_size}",
+        f"--data.seq_len={seq_len}",
+        f"--data.batch_size={batch_size}",
+        f"--data.limit_val_samples={val_samples}",
+        f"--data.num_eval_prompts={eval_prompts}",
+        f"--model.max_anchors={max_anchors}",
+        f"--model.lr_warmup_steps={max(1, min(40, steps // 10))}",
+        f"--trainer.max_steps={steps}",
+        f"--trainer.val_check_interval={steps}",
+        f"--trainer.limit_val_batches={val_batches}",
+        f"--trainer.log_every_n_steps={max(1, min(10, steps // 20))}",
+        f"--trainer.logger={json.dumps(loggers)}",
+        f"--trainer.callbacks={json.dumps(callbacks)}",
+        f"--trainer.enable_progress_bar={str(progress_bar).lower()}",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
+def shell_command(args: Sequence[str]) -> str:
+    """``args`` as a copy-pasteable ``dspark-lightning`` command line, one option per line."""
+    import shlex
+
+    words = [shlex.quote(a) for a in args]
+    head = ["dspark-lightning " + words.pop(0)] if words and not args[0].startswith("-") else ["dspark-lightning"]
+    return " \\\n    ".join(head + words)
+
+
+HEAD_CLASSES = {"VanillaMarkov": "vanilla", "GatedMarkov": "gated", "SelectorMarkov": "selector", "RnnMarkov": "rnn"}
+
+
+def run_label(model: dict) -> tuple[str, int]:
+    """(head name, block size) from a run's ``model`` settings: the ``model:`` section of its ``config.yaml`` (as
+    LightningCLI saved it) or the module's hyper-parameters (``module.hparams``)."""
+    head = model.get("markov_head")
+    if not head:
+        name = "none"
+    else:
+        if not isinstance(head, dict):  # a MarkovHeadConfig object
+            head = {"class_path": type(head).__name__, "init_args": head.as_dict()}
+        args = head.get("init_args") or {}
+        name = HEAD_CLASSES.get(str(head.get("class_path", "")).rsplit(".", 1)[-1]) or args.get("head_type", "vanilla")
+        if name == "gated" and (args.get("gate_input"), args.get("gate_activation")) == ("hidden", "identity"):
+            name = "selector"
+    return name, int(model.get("block_size", 8))
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Every run directory (one holding ``metrics.csv``) at or below ``root``, sorted by path."""
+    root = Path(root)
+    return sorted(p.parent for p in root.rglob("metrics.csv"))
+
+
+# ---------------------------------------------------------------------------------------------------- measuring
+@dataclass
+class ValidationBlocks:
+    """Validation blocks of a trained drafter, flattened to N blocks of B' trained slots (B' = B, or B-1 in the
+    DFlash convention): everything the Selector and the confidence analyses need."""
+
+    base_logits: torch.Tensor  # [N, B', Vd]
+    hidden: torch.Tensor  # [N, B', H]
+    first_prev: torch.Tensor  # [N] target id before slot 0 (the anchor)
+    teacher_logprobs: torch.Tensor  # [N, B', Vd]
+    valid: torch.Tensor  # [N, B'] bool
+    alpha: torch.Tensor  # [N, B'] analytic acceptance probability of the drafter (with its Markov head)
+    confidence_logits: torch.Tensor | None  # [N, B'] or None without a confidence head
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.valid.shape[0])
+
+
+@torch.no_grad()
+def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlocks:
+    """Run ``module.shared_step`` on validation batches with the deterministic evaluation anchors (the same blocks
+    the validation metrics use) and keep up to ``max_blocks`` blocks that have a valid slot."""
+    from dspark_lightning.models.backbone import evaluation_anchors
+
+    module.eval()
+    hp = module.hparams
+    first = module.drafter_config.first_trained_slot
+    parts: dict[str, list[torch.Tensor]] = {}
+    have = 0
+    for batch in dataloader:
+        if have >= max_blocks:
+            break
+        batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        anchors = evaluation_anchors(
+            batch["loss_mask"],
+            batch["document_ids"],
+            batch["position_ids"],
+            hp.block_size,
+            hp.val_anchor_stride or hp.block_size,
+            hp.sample_from_anchor,
+        )
+        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=anchors)
+        keep = valid.any(dim=1)
+        take = max_blocks - have
+
+        def flat(t, take=take, keep=keep):
+            return t.flatten(0, 1)[keep][:take].detach().cpu()
+
+        fields = {
+            "base_logits": flat(out.base_logits)[:, first:].float(),
+            "hidden": flat(out.hidden)[:, first:].float(),
+            "first_prev": flat(out.prev_tokens)[:, first],
+            "teacher_logprobs": flat(out.teacher_logprobs)[:, first:].float(),
+            "valid": valid[keep][:take].cpu(),
+            "alpha": alpha[keep][:take].float().cpu(),
+        }
+        if out.confidence_logits is not None:
+            fields["confidence_logits"] = flat(out.confidence_logits)[:, first:].float()
+        for key, value in fields.items():
+            parts.setdefault(key, []).append(value)
+        have += int(fields["valid"].shape[0])
+    if not parts:
+        raise ValueError("the validation dataloader produced no blocks with a valid slot")
+    joined = {key: torch.cat(values) for key, values in parts.items()}
+    joined.setdefault("confidence_logits", None)
+    return ValidationBlocks(**joined)
+
+
+def reliability_bins(predicted: torch.Tensor, observed: torch.Tensor, valid: torch.Tensor, n_bins: int = 10):
+    """(mean predicted, mean observed, count) per equal-width bin of ``predicted`` (NaN for empty bins), as
+    ``plotting.reliability_diagram`` draws them."""
+    predicted, observed = predicted[valid].double(), observed[valid].double()
+    bins = (predicted * n_bins).long().clamp(0, n_bins - 1)
+    counts = torch.bincount(bins, minlength=n_bins).double()
+    mean_pred = torch.bincount(bins, weights=predicted, minlength=n_bins) / counts
+    mean_obs = torch.bincount(bins, weights=observed, minlength=n_bins) / counts
+    return mean_pred.tolist(), mean_obs.tolist(), counts.tolist()
+
+
+def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
+    """Sequential temperature scaling fitted on the even blocks, scored on the odd ones.
+
+    Returns ``temperatures`` [B'], ``ece_before`` / ``ece_after`` (prefix-survival ECE on the held-out half) and the
+    reliability bins before and after (``bins_before`` / ``bins_after``: (predicted, observed, counts)).
+    """
+    from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
+
+    if blocks.confidence_logits is None:
+        raise ValueError("this drafter has no confidence head")
+    fit_half, test_half = slice(0, None, 2), slice(1, None, 2)
+    logits, alpha, valid = blocks.confidence_logits, blocks.alpha, blocks.valid
+    temperatures, _ = fit_sequential_temperatures(logits[fit_half], alpha[fit_half], valid[fit_half], n_bins)
+    ones = torch.ones_like(temperatures)
+    result = {"temperatures": temperatures.tolist(), "heldout_blocks": int(valid[test_half].shape[0])}
+    for name, temps in (("before", ones), ("after", temperatures)):
+        args = (logits[test_half], alpha[test_half], valid[test_half], temps)
+        result[f"ece_{name}"] = float(prefix_ece(*args, n_bins=n_bins))
+        result[f"bins_{name}"] = reliability_bins(*prefix_quantities(*args), n_bins=n_bins)
+    return result
+
+
+def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
+    """Greedy speculative decoding per mode on ``prompts`` -> {mode: decode_table row}."""
+    from dspark_lightning.evaluate import decode_table
+
+    rows = decode_table(module, prompts, modes, 0.0, [None], max_new_tokens, k)
+    return {row["mode"]: row for row in rows}
+
+
+# ---------------------------------------------------------------------------------------------------- output
+KNOWN_HARMLESS_WARNINGS = (  # regular expressions matched at the start of the message
+    r"LightningCLI's args parameter is intended",  # cli_main(args=...) inside Jupyter, whose argv holds kernel flags
+    r"Found keys that are in the model state dict but not in the checkpoint",  # the frozen target is not saved
+    r"Found \d+ module\(s\) in eval mode",  # the frozen target stays in eval mode on purpose
+    r'install "ipywidgets" for Jupyter support',  # rich progress bar without ipywidgets
+    r"IProgress not found",  # tqdm without ipywidgets
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning vs newer torch
+    r"The anonymous setting has no effect",  # wandb
+)
+
+
+QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning", "dspark_lightning")
+
+
+def quiet_logs() -> None:
+    """Keep console output to the results: Lightning info logs, HF progress bars and known harmless warnings off
+    (used by the report and the notebooks; the training itself is unaffected).
+
+    It also imports ``dspark_lightning.plotting``, which selects matplotlib's Agg backend on import: a notebook runs
+    ``%matplotlib inline`` *after* this call, so a later first import of the plotting module cannot switch inline
+    figures off.
+    """
+    import warnings
+
+    import lightning.pytorch  # noqa: F401  (sets its own log level on import: import first, then lower it)
+    from transformers.utils import logging as hf_logging
+
+    from dspark_lightning import plotting  # noqa: F401
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    for message in KNOWN_HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
+@contextlib.contextmanager
+def quieted():
+    """``quiet_logs`` for the duration of a block (the report inside a longer-lived process, e.g. the tests)."""
+    import warnings
+
+    import lightning.pytorch  # noqa: F401  (import first: it sets its own log level on import)
+    from transformers.utils import logging as hf_logging
+
+    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    try:
+        with warnings.catch_warnings():
+            quiet_logs()
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()

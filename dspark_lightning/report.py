@@ -1,0 +1,378 @@
+"""``dspark-lightning report``: train the Markov-head variants on the demo and write a one-page experiment report.
+
+    dspark-lightning report --output reports/demo                       # none/vanilla/gated/rnn x B = 8, 16
+    dspark-lightning report --output /tmp/r --heads none vanilla --block_sizes 8 --steps 40   # a quick look
+
+For every (head, block size) it runs ``fit`` through the real CLI (``cli_main``: the run is exactly what a user gets
+from ``dspark-lightning fit --config configs/quickstart.yaml --config configs/heads/<head>.yaml``, shrunk by
+overrides) and then measures, on the same model object:
+
+- teacher-forced tau and greedy tau on the validation blocks (the last validation of ``fit``);
+- measured tau: real greedy speculative decoding (``speculative_generate`` via ``evaluate.decode_table``) on the
+  validation eval prompts, tokens per target forward; ``markov`` mode (``parallel`` for the head-less drafter), plus
+  ``selector`` mode (top-k walk) where the head has a Selector form;
+- Selector agreement / coverage at k (``selector.equivalence_report``; n/a for ``none`` and ``rnn``);
+- the confidence head's prefix-survival ECE before and after sequential temperature scaling, fitted on one half of
+  the validation blocks and measured on the other half (fitting and scoring on the same blocks flatters it).
+
+It writes ``report.md`` (tables + how it was made), ``results.json`` (every number) and three PNGs
+(``acceptance_per_slot.png``, ``tau.png``, ``selector.png``) into ``--output``.
+
+Design choices:
+- Sizes are CPU sizes: sequence length 128, 4 rows, 16 anchors, one thread (``torch.set_num_threads(1)``; the demo
+  machine has 2 shared cores). The default budget (600 steps per variant, 8 variants) takes about a quarter of an
+  hour there. Flags change every budget knob; ``--steps 40 --heads none vanilla --block_sizes 8`` is a smoke test.
+- Every variant uses the same seed, data order and budget, so differences are the heads' (and noise: single seeds,
+  short runs; the report says so).
+- Run directories (CSV logs, ``last.ckpt``, plots) go to a temporary directory that is deleted afterwards unless
+  ``--runs_dir`` keeps them (e.g. for ``notebooks/analyze_run.ipynb``). Nothing is written into the repository
+  except ``--output``.
+- The measuring helpers live in ``dspark_lightning.analysis`` (``demo_fit_args``, ``collect_blocks``,
+  ``heldout_calibration``, ``measured_decoding``), shared with the tutorials and the analysis notebook, so the report
+  and the notebooks compute the same numbers the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark_lightning.analysis import (
+    collect_blocks,
+    demo_fit_args,
+    heldout_calibration,
+    measured_decoding,
+    quieted,
+)
+
+HEADS = ("none", "vanilla", "gated", "rnn")
+SELECTOR_KS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int) -> dict:
+    """Every report number for a trained module (see the module docstring)."""
+    from dspark_lightning.selector import equivalence_report
+
+    module.eval()
+    head = module.drafter.markov_head
+    values = module.last_validation
+    result: dict = {
+        "teacher_tau": float(values["acceptance/tau"]),
+        "teacher_greedy_tau": float(values["acceptance/greedy_tau"]),
+        "accept_rate_per_slot": [float(v) for v in values["acceptance/accept_rate_per_slot"].tolist()],
+        "greedy_acc_per_slot": [float(v) for v in values["acceptance/greedy_acc_per_slot"].tolist()],
+    }
+    selector_form = head is not None and not head.is_path_dependent
+    modes = ["parallel"] if head is None else ["markov", "selector"] if selector_form else ["markov"]
+    prompts = datamodule.eval_prompts()[:num_prompts]
+    decoded = measured_decoding(module, prompts, modes, max_new_tokens, k)
+    result["measured_tau"] = decoded[modes[0]]["tau"]
+    result["measured_mode"] = modes[0]
+    result["measured_selector_tau"] = decoded["selector"]["tau"] if "selector" in decoded else None
+    result["measured_accepted_per_slot"] = decoded[modes[0]]["accepted_rate_per_slot"]
+    result["num_prompts"] = len(prompts)
+
+    blocks = collect_blocks(module, datamodule.val_dataloader(), max_blocks)
+    result["blocks"] = blocks.num_blocks
+    if selector_form:
+        ks = sorted({*SELECTOR_KS, k})
+        report = equivalence_report(
+            blocks.base_logits, head, blocks.first_prev, blocks.hidden, blocks.teacher_logprobs, ks, blocks.valid
+        )
+        result["selector"] = {
+            "ks": list(report.ks),
+            "coverage": [report.coverage[q] for q in report.ks],
+            "agreement": [report.agreement[q] for q in report.ks],
+            "agreed_prefix": [report.agreed_prefix[q] for q in report.ks],
+            "tau_walk": [report.tau_walk[q] for q in report.ks],
+            "tau_sequential": report.tau_sequential,
+        }
+        result["agreement_at_k"] = report.agreement[k]
+        result["coverage_at_k"] = report.coverage[k]
+    else:
+        result["selector"] = None
+        result["agreement_at_k"] = result["coverage_at_k"] = None
+    if blocks.confidence_logits is not None:
+        calibration = heldout_calibration(blocks)
+        result["ece_before"], result["ece_after"] = calibration["ece_before"], calibration["ece_after"]
+        result["temperatures"] = calibration["temperatures"]
+    else:
+        result["ece_before"] = result["ece_after"] = None
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- the report
+@dataclass
+class Budget:
+    """Training and evaluation sizes of one variant (the CLI flags of ``dspark-lightning report``)."""
+
+    steps: int = 600
+    seq_len: int = 128
+    batch_size: int = 4
+    max_anchors: int = 16
+    val_samples: int = 64
+    val_batches: int = 8
+    num_prompts: int = 16
+    max_new_tokens: int = 96
+    k: int = 16
+    max_blocks: int = 512
+
+
+BUDGET_HELP = {
+    "steps": "optimizer steps per variant",
+    "seq_len": "packed tokens per row",
+    "batch_size": "packed rows per step",
+    "max_anchors": "blocks sampled per row per step",
+    "val_samples": "validation conversations (the first N, file order)",
+    "val_batches": "validation batches",
+    "num_prompts": "eval prompts for measured speculative decoding",
+    "max_new_tokens": "tokens generated per eval prompt",
+    "k": "Selector candidates per slot (agreement@k, selector mode)",
+    "max_blocks": "validation blocks for the Selector and calibration measurements",
+}
+
+
+def train_and_evaluate(runs_dir: Path, head: str, block_size: int, budget: Budget) -> dict:
+    """Fit one variant through ``cli_main`` and measure it; returns one result row."""
+    from dspark_lightning.cli import cli_main
+
+    args = demo_fit_args(
+        runs_dir,
+        head=head,
+        block_size=block_size,
+        steps=budget.steps,
+        seq_len=budget.seq_len,
+        batch_size=budget.batch_size,
+        max_anchors=budget.max_anchors,
+        val_samples=budget.val_samples,
+        val_batches=budget.val_batches,
+        eval_prompts=budget.num_prompts,
+    )
+    start = time.perf_counter()
+    cli = cli_main(["fit", *args])
+    fit_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    row = evaluate_variant(
+        cli.model,
+        cli.datamodule,
+        num_prompts=budget.num_prompts,
+        max_new_tokens=budget.max_new_tokens,
+        k=budget.k,
+        max_blocks=budget.max_blocks,
+    )
+    trainable = sum(p.numel() for p in cli.model.drafter.parameters() if p.requires_grad)
+    head_params = sum(p.numel() for p in cli.model.drafter.markov_head.parameters()) if head != "none" else 0
+    row.update(
+        head=head,
+        block_size=block_size,
+        fit_seconds=fit_seconds,
+        eval_seconds=time.perf_counter() - start,
+        trainable_parameters=trainable,
+        head_parameters=head_params,
+        run_dir=cli.trainer.log_dir,
+    )
+    return row
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def plot_results(rows: list[dict], output: Path, k: int) -> list[str]:
+    """acceptance_per_slot.png, tau.png and (when a Selector-form head ran) selector.png; returns the file names."""
+    import matplotlib.pyplot as plt
+
+    from dspark_lightning import plotting  # noqa: F401  (selects the Agg backend)
+
+    written = []
+    block_sizes = sorted({r["block_size"] for r in rows})
+    fig, axes = plt.subplots(1, len(block_sizes), figsize=(5.2 * len(block_sizes), 3.6), squeeze=False)
+    for ax, block in zip(axes[0], block_sizes):
+        for r in (r for r in rows if r["block_size"] == block):
+            ax.plot(
+                range(block), r["accept_rate_per_slot"], marker="o", label=f"{r['head']} (tau {r['teacher_tau']:.2f})"
+            )
+        ax.set(title=f"B = {block}: acceptance rate per slot", xlabel="draft slot k", ylabel="accept rate", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    written.append(plotting.save(fig, output / "acceptance_per_slot.png"))
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 3.8))
+    series = [
+        ("teacher-forced tau", "teacher_tau"),
+        ("teacher-forced greedy tau", "teacher_greedy_tau"),
+        ("measured tau (greedy decoding)", "measured_tau"),
+    ]
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
+        ax.bar(xs, [r[key] for r in rows], width=width, label=label)
+    ax.set_xticks(range(len(rows)), [f"{r['head']}\nB={r['block_size']}" for r in rows])
+    ax.axhline(1.0, color="gray", lw=0.8)
+    top = max(r[key] for r in rows for _, key in series)
+    ax.set(ylabel="tokens per target forward", title="acceptance length per head and block size", ylim=(0, 1.3 * top))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=3, loc="upper center")
+    fig.tight_layout()
+    written.append(plotting.save(fig, output / "tau.png"))
+
+    with_selector = [r for r in rows if r.get("selector")]
+    if with_selector:
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        for r in with_selector:
+            s = r["selector"]
+            (line,) = ax.plot(s["ks"], s["coverage"], marker="o", label=f"{r['head']} B={r['block_size']} coverage")
+            ax.plot(s["ks"], s["agreement"], marker="x", ls="--", color=line.get_color(), label="  agreement")
+        ax.axvline(k, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="k (candidates per slot)", ylabel="fraction of slots", title="Selector walk vs sequential decode")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        written.append(plotting.save(fig, output / "selector.png"))
+    return [Path(p).name for p in written]
+
+
+def markdown_report(rows: list[dict], budget: Budget, plots: list[str], command: str, seconds: float) -> str:
+    k = budget.k
+    lines = [
+        "# DSpark heads on the demo target",
+        "",
+        f"Made by `{command}` in {seconds / 60:.1f} min (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread, CPU). Every variant: `configs/quickstart.yaml` + `configs/heads/<head>.yaml`, "
+        f"{budget.steps} steps of {budget.batch_size} packed rows x {budget.seq_len} tokens, {budget.max_anchors} "
+        f"anchors per row, seed 0; validation on the first {budget.val_samples} validation conversations; "
+        f"measured decoding on {budget.num_prompts} eval prompts x {budget.max_new_tokens} new tokens. "
+        "One seed and a short budget: differences of a few hundredths are noise.",
+        "",
+        f"| head | B | teacher-forced tau | TF greedy tau | measured tau | measured Selector tau (k={k}) "
+        f"| agreement@{k} | coverage@{k} | prefix ECE raw | ECE calibrated | fit s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['head']} | {r['block_size']} | {_fmt(r['teacher_tau'])} | {_fmt(r['teacher_greedy_tau'])} "
+            f"| {_fmt(r['measured_tau'])} ({r['measured_mode']}) | {_fmt(r['measured_selector_tau'])} "
+            f"| {_fmt(r['agreement_at_k'])} | {_fmt(r['coverage_at_k'])} | {_fmt(r['ece_before'], 4)} "
+            f"| {_fmt(r['ece_after'], 4)} | {r['fit_seconds']:.0f} |"
+        )
+    lines += ["", *_headlines(rows), ""]
+    lines += [
+        "Columns:",
+        "- *teacher-forced tau*: 1 + sum_k prod_{j<=k} alpha_j on validation blocks (alpha = 1 - TV(draft, target), "
+        "the acceptance probability of speculative sampling), ground-truth prefix; *TF greedy tau*: 1 + leading run "
+        "of slots whose draft argmax equals the target's argmax.",
+        "- *measured tau*: tokens emitted per target forward in real greedy speculative decoding with the target "
+        "(`markov` mode: sequential Markov decode; `parallel` for the head-less drafter). *Measured Selector tau*: "
+        f"the same with the top-{k} Selector walk (vanilla and gated heads only; the rnn head is path dependent).",
+        f"- *agreement@{k}* / *coverage@{k}*: fraction of validation slots where the Selector walk picks the "
+        f"sequential decode's token / where that token is among the top-{k} base logits.",
+        "- *prefix ECE*: expected calibration error of the confidence head's prefix survival prod_{j<=n} c_j, raw and "
+        "after sequential temperature scaling fitted on the other half of the validation blocks.",
+        "",
+    ]
+    lines += [f"![{Path(p).stem}]({p})" for p in plots]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _headlines(rows: list[dict]) -> list[str]:
+    out = []
+    for block in sorted({r["block_size"] for r in rows}):
+        group = [r for r in rows if r["block_size"] == block]
+        best = max(group, key=lambda r: r["measured_tau"])
+        text = f"**B = {block}**: best measured tau {best['measured_tau']:.3f} ({best['head']})"
+        base = next((r for r in group if r["head"] == "none"), None)
+        if base is not None and best is not base:
+            text += f", vs {base['measured_tau']:.3f} without a Markov head"
+        out.append(text + ".")
+    return out
+
+
+def run_report(
+    output: str | Path,
+    heads: Sequence[str] = HEADS,
+    block_sizes: Sequence[int] = (8, 16),
+    budget: Budget | None = None,
+    runs_dir: str | Path | None = None,
+    command: str = "dspark-lightning report",
+) -> list[dict]:
+    """Train and evaluate every (head, block size), write the report into ``output``; returns the result rows."""
+    budget = budget or Budget()
+    unknown = sorted(set(heads) - set(HEADS) - {"selector"})
+    if unknown:
+        raise ValueError(f"unknown heads {unknown}; choose from {HEADS + ('selector',)}")
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    keep = runs_dir is not None
+    runs = Path(runs_dir) if keep else Path(tempfile.mkdtemp(prefix="dspark-report-"))
+    start = time.perf_counter()
+    rows = []
+    try:
+        variants = [(block, head) for block in block_sizes for head in heads]
+        for index, (block, head) in enumerate(variants, 1):
+            row = train_and_evaluate(runs, head, block, budget)
+            rows.append(row)
+            print(
+                f"[{index}/{len(variants)}] {head:8s} B={block:<3d} fit {row['fit_seconds']:.0f}s "
+                f"eval {row['eval_seconds']:.0f}s | teacher-forced tau {row['teacher_tau']:.3f} | measured tau "
+                f"{row['measured_tau']:.3f} | agreement@{budget.k} {_fmt(row['agreement_at_k'])} "
+                f"| ECE {_fmt(row['ece_before'], 4)} -> {_fmt(row['ece_after'], 4)}",
+                flush=True,
+            )
+            if not keep:
+                row["run_dir"] = None
+    finally:
+        if not keep:
+            shutil.rmtree(runs, ignore_errors=True)
+    seconds = time.perf_counter() - start
+    plots = plot_results(rows, output, budget.k)
+    (output / "report.md").write_text(markdown_report(rows, budget, plots, command, seconds))
+    payload = {"command": command, "seconds": seconds, "budget": vars(budget), "rows": rows}
+    (output / "results.json").write_text(json.dumps(payload, indent=2))
+    print(f"wrote {output / 'report.md'} ({seconds / 60:.1f} min)")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    defaults = Budget()
+    parser = argparse.ArgumentParser(
+        prog="dspark-lightning report",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    parser.add_argument("--output", required=True, help="directory for report.md, results.json and the PNGs")
+    parser.add_argument("--heads", nargs="+", default=list(HEADS), help="Markov heads (configs/heads/<name>.yaml)")
+    parser.add_argument("--block_sizes", nargs="+", type=int, default=[8, 16], help="draft block sizes B")
+    parser.add_argument("--runs_dir", default=None, help="keep the run directories here (default: a deleted temp dir)")
+    for name, value in vars(defaults).items():
+        parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{BUDGET_HELP[name]} (default {value})")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = parser.parse_args(argv)
+    budget = Budget(**{name: getattr(args, name) for name in vars(defaults)})
+    command = "dspark-lightning report " + " ".join(argv if argv is not None else [])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        with quieted():
+            return run_report(args.output, args.heads, args.block_sizes, budget, args.runs_dir, command.strip())
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

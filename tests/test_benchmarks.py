@@ -1,0 +1,90 @@
+"""Smoke tests of the benchmark scripts: their quick / tiny modes run and write result files with the right columns.
+
+No timing is asserted (the machine is shared); the reference library (``speculators``) is not involved: the training
+step benchmark runs with ``reference_venv=None`` (our side only) and must say so in its results.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, not part of the installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_quickstart, bench_scaling, bench_train_step, run_all  # noqa: E402
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_train_step_quick_ours_only(tmp_path):
+    rows = bench_train_step.run(
+        quick=True, out_dir=tmp_path, reference_venv=None, rounds=1, steps=1, log=lambda *_: None
+    )
+    header, records = read_csv(tmp_path / "train_step_quick.csv")
+    assert header == bench_train_step.COLUMNS
+    assert len(records) == len(rows) == 1
+    record = records[0]
+    assert float(record["ours_ms"]) > 0 and float(record["ours_forward_ms"]) > 0
+    assert record["theirs_ms"] == "" and record["ratio"] == ""  # no reference: no made-up numbers
+    assert int(record["ours_params"]) > 0
+    markdown = (tmp_path / "train_step_quick.md").read_text()
+    assert "disabled" in markdown and "| tiny |" in markdown
+
+
+def test_scaling_quick_writes_table_and_plots(tmp_path):
+    rows = bench_scaling.run(quick=True, out_dir=tmp_path, repeats=1, log=lambda *_: None)
+    header, records = read_csv(tmp_path / "scaling_quick.csv")
+    assert header == bench_scaling.COLUMNS
+    assert [r["sweep"] for r in records] == ["seq_len", "seq_len", "anchors", "anchors"] == [r["sweep"] for r in rows]
+    assert all(float(r["step_ms"]) > 0 and int(r["rows"]) == int(r["anchors"]) * bench_scaling.BLOCK for r in records)
+    for sweep in ("seq_len", "anchors"):
+        assert (tmp_path / f"scaling_{sweep}_quick.png").stat().st_size > 0
+    assert "| seq_len | 512 | 128 |" in (tmp_path / "scaling_quick.md").read_text()
+
+
+def test_quickstart_results_from_a_run_directory(tmp_path):
+    """The metrics parser and the writer, on a synthetic run directory (the real run is too slow for a unit test)."""
+    run_dir = tmp_path / "run" / "runs" / "quickstart" / "version_0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/tau,val/accept_rate\n0,9,2.0,,\n0,399,1.0,2.5,0.4\n"
+    )
+    found = bench_quickstart._metrics(tmp_path / "run")
+    assert found == {"steps": 400, "val_tau": 2.5, "val_accept_rate": 0.4}
+    common = {"mode": "full", "target_s": 300.0, "exit_code": 0, "s_per_step": 0.3, "checkpoint": True, **found}
+    rows = [
+        common | {"omp_num_threads": "1", "torch_threads": "1", "wall_s": 60.0, "met": "yes"},
+        common | {"omp_num_threads": "unset", "torch_threads": "2", "wall_s": 500.0, "met": "no"},
+    ]
+    for row in rows:
+        row |= {"load_start": 1.0, "load_end": 1.5, "log_tail": ""}
+    machine = {"cpu": "test cpu", "cores": "2", "torch": "x", "threads": "2", "load_average": "1 1 1"}
+    bench_quickstart.write_results(rows, machine, tmp_path, "quickstart")
+    header, records = read_csv(tmp_path / "quickstart.csv")
+    assert header == bench_quickstart.COLUMNS and [r["steps"] for r in records] == ["400", "400"]
+    markdown = (tmp_path / "quickstart.md").read_text()
+    assert "**met**" in markdown and "**missed**" in markdown and "8.3×" in markdown
+
+
+def test_run_all_quick_selector_into_out_dir(tmp_path):
+    """run_all's subprocess wrapper redirects a benchmark without an --out-dir option into the given directory."""
+    assert run_all.main(["--quick", "--only", "selector", "--out-dir", str(tmp_path)]) == 0
+    header, records = read_csv(tmp_path / "selector_quick.csv")
+    assert {"head", "vocab", "sequential_ms", "walk_ms", "speedup"} <= set(header) and records
+    assert "| selector | ok |" in (tmp_path / "summary_quick.md").read_text()
+
+
+@pytest.mark.parametrize("name", list(run_all.BENCHMARKS))
+def test_run_all_commands_name_their_output(name, tmp_path):
+    command = run_all.command_for(name, quick=True, out_dir=tmp_path)
+    assert command[:2] == [run_all.sys.executable, "-c"] and str(tmp_path) in command[2]
+    assert all(p.parent == tmp_path for p in run_all.expected_files(name, True, tmp_path))

@@ -1,0 +1,89 @@
+"""The tutorials and the analysis notebook: in sync with their sources, committed clean, and executing end to end.
+
+Every notebook is a jupytext pair (``tutorials/README.md``): ``NAME.py`` in percent format is the source of truth and
+``NAME.ipynb`` is generated from it and committed without outputs. Each ``.ipynb`` is executed in a real Jupyter
+kernel with ``nbclient`` (what ``pytest --nbmake`` does), working directory = the notebook's directory as in Jupyter,
+runs into a per-test temporary directory (``DSPARK_TUTORIAL_DIR``); the analysis notebook gets two tiny runs made
+here (``DSPARK_RUN_DIR``). A notebook must finish within the 3 minutes the tutorials promise and leave nothing
+behind in the repository.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from dspark_lightning.analysis import demo_fit_args
+from dspark_lightning.cli import cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIRS = (ROOT / "tutorials", ROOT / "notebooks")
+NOTEBOOKS = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.ipynb"))
+SOURCES = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.py"))
+TIME_LIMIT_S = 180
+IDS = [f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS]
+
+
+def repository_snapshot() -> set[str]:
+    """Top-level entries plus everything under the notebook folders and ``runs/``: where a stray write would land."""
+    entries = {p.name for p in ROOT.iterdir()}
+    for folder in (*NOTEBOOK_DIRS, ROOT / "runs"):
+        if folder.exists():
+            entries |= {str(p.relative_to(ROOT)) for p in folder.rglob("*") if "__pycache__" not in p.parts}
+    return entries
+
+
+def test_every_notebook_is_a_jupytext_pair():
+    assert {p.stem for p in NOTEBOOKS} >= {"01_quickstart", "02_markov_heads", "03_selector", "04_confidence"}
+    assert any(p.parent.name == "notebooks" for p in NOTEBOOKS)
+    assert [p.with_suffix("") for p in SOURCES] == [p.with_suffix("") for p in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_matches_its_source_and_has_no_outputs(path):
+    notebook = nbformat.read(path, as_version=4)
+    source = jupytext.read(path.with_suffix(".py"))
+    cells = [(c.cell_type, c.source) for c in notebook.cells]
+    assert cells == [(c.cell_type, c.source) for c in source.cells], (
+        f"{path.name} is out of sync with {path.with_suffix('.py').name}: run "
+        f"`jupytext --sync {path.with_suffix('.py').relative_to(ROOT)}`"
+    )
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code), (
+        f"{path.name} is committed with outputs: `jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)}`"
+    )
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.fixture(scope="module")
+def analysis_runs(tmp_path_factory) -> Path:
+    """Two tiny finished runs (no Markov head, vanilla head) for the analysis notebook."""
+    runs = tmp_path_factory.mktemp("analysis_runs")
+    for head in ("none", "vanilla"):
+        cli_main(["fit", *demo_fit_args(runs, head=head, steps=30, val_samples=32, val_batches=4)])
+    return runs
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_executes(path, tmp_path, monkeypatch, request):
+    monkeypatch.setenv("DSPARK_TUTORIAL_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    if path.parent.name == "notebooks":
+        monkeypatch.setenv("DSPARK_RUN_DIR", str(request.getfixturevalue("analysis_runs")))
+    before = repository_snapshot()
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError naming the failing cell
+    seconds = time.perf_counter() - start
+    assert seconds < TIME_LIMIT_S, f"{path.name} took {seconds:.0f} s (limit {TIME_LIMIT_S} s)"
+    assert repository_snapshot() - before == set(), "the notebook wrote into the repository"
+    errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
