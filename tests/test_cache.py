@@ -136,7 +136,7 @@ def test_target_heads_load_only_embedding_and_lm_head(tmp_path):
 
 
 def test_fit_from_cache_with_the_cli(tmp_path):
-    """docs/scaling.md at demo scale: write train and val caches, fit with configs/cache.yaml, validate."""
+    """README "Scaling up" at demo scale: write train and val caches, fit with configs/cache.yaml, validate."""
     write_cache(tmp_path / "train", TRAIN, 8)
     write_cache(tmp_path / "val", VAL, 4)
     args = [
