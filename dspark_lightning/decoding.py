@@ -154,6 +154,45 @@ def scheduled_length(
 
 
 @torch.no_grad()
+def measure_verify_cost(
+    target, prompt_length: int = 64, max_block: int = 16, repeats: int = 5, device: str | torch.device = "cpu"
+) -> tuple[float, float]:
+    """Fit T(n) = t0 + t1 * n, the wall time of one verifying target forward over n+1 new tokens on a cached prefix.
+
+    Times the real target (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by
+    least squares; the result is the ``cost_model`` argument of ``speculative_generate``.
+    """
+    from transformers import DynamicCache
+
+    model = _hf_model(target)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, prompt_length), generator=generator).to(device)
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    lengths, seconds = [], []
+    for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
+        block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
+        times = []
+        for _ in range(repeats):
+            cache = DynamicCache()
+            model(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
+            if torch.cuda.is_available() and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(input_ids=block, use_cache=True, **{cache_kwarg: cache})
+            if torch.cuda.is_available() and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        lengths.append(n)
+        seconds.append(sorted(times)[len(times) // 2])
+    x = torch.tensor(lengths[1:], dtype=torch.float64)
+    y = torch.tensor(seconds[1:], dtype=torch.float64)
+    design = torch.stack((torch.ones_like(x), x), dim=1)
+    t0, t1 = torch.linalg.lstsq(design, y[:, None]).solution[:, 0].tolist()
+    return max(t0, 1e-9), max(t1, 0.0)
+
+
+@torch.no_grad()
 def speculative_generate(
     target,
     drafter: DSparkDrafter,

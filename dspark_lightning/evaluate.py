@@ -35,7 +35,9 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     if not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} does not exist")
     with warnings.catch_warnings():  # the target's weights are absent on purpose: they come from model.target
-        warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
+        warnings.filterwarnings(
+            "ignore", message="Found keys that are in the model state dict but not in the checkpoint"
+        )
         module = DSparkModule.load_from_checkpoint(ckpt_path, map_location=map_location, weights_only=True)
     module.eval()
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
@@ -67,7 +69,8 @@ def decode_table(module, prompts: list[list[int]], modes, temperature, threshold
                     mode=mode,
                     k=k,
                     temperature=temperature,
-                    confidence_threshold=threshold,
+                    confidence_threshold=None if isinstance(threshold, tuple) else threshold,
+                    cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
                     generator=generator,
                 )
                 emitted += sum(stats.emitted_per_step)
@@ -93,6 +96,14 @@ def decode_table(module, prompts: list[list[int]], modes, temperature, threshold
     return rows
 
 
+def _schedule_label(schedule) -> str:
+    if schedule is None:
+        return "-"
+    if isinstance(schedule, (tuple, list)):
+        return "cost model"
+    return f"{schedule:.2f}"
+
+
 def print_decode_table(rows, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -103,7 +114,7 @@ def print_decode_table(rows, title: str) -> None:
     for row in rows:
         table.add_row(
             row["mode"],
-            "-" if row["threshold"] is None else f"{row['threshold']:.2f}",
+            _schedule_label(row["threshold"]),
             f"{row['tau']:.3f}",
             f"{row['tokens_per_second']:.1f}",
             f"{row['mean_verified']:.2f}",
@@ -120,6 +131,11 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = lossless rejection sampling")
     parser.add_argument(
         "--thresholds", nargs="*", type=float, default=[], help="confidence thresholds to schedule with"
+    )
+    parser.add_argument(
+        "--cost_model",
+        action="store_true",
+        help="also schedule by the cost model: verify the n maximising (1 + sum a_j) / T(n), T measured on the target",
     )
     parser.add_argument("--num_prompts", type=int, default=8, help="eval prompts from the validation data")
     parser.add_argument("--max_new_tokens", type=int, default=64)
@@ -138,7 +154,14 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     if skipped:
         print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
     prompts = data.eval_prompts()[: args.num_prompts]
-    rows = decode_table(module, prompts, modes, args.temperature, [None, *args.thresholds], args.max_new_tokens, args.k)
+    schedules = [None, *args.thresholds]
+    if args.cost_model:
+        from dspark_lightning.decoding import measure_verify_cost
+
+        cost = measure_verify_cost(module.target, max_block=module.hparams.block_size)
+        print(f"measured verify cost T(n) = {cost[0] * 1e3:.2f} ms + {cost[1] * 1e3:.3f} ms * n")
+        schedules.append(("cost", *cost))
+    rows = decode_table(module, prompts, modes, args.temperature, schedules, args.max_new_tokens, args.k)
     print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {args.temperature}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -49,10 +49,16 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
             "--max_new_tokens=32",
             "--thresholds",
             "0.3",
+            "--cost_model",
             f"--json={out}",
         ]
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
+    by_mode = {(r["mode"], r["threshold"]): r for r in rows}
+    cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
+    assert len(cost_rows) == 3 and all(r["threshold"][1] > 0 and r["threshold"][2] >= 0 for r in cost_rows)
+    assert all(1.0 <= r["mean_verified"] <= 8 for r in cost_rows)
+    rows = [r for r in rows if not isinstance(r["threshold"], (list, tuple))]
     by_mode = {(r["mode"], r["threshold"]): r for r in rows}
     assert set(by_mode) == {(m, t) for m in ("parallel", "markov", "selector") for t in (None, 0.3)}
     # the trained drafter gets drafts accepted by the real target (tau = tokens per target forward)
