@@ -94,7 +94,7 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True) -> DSparkCLI |
     argv = list(sys.argv[1:] if args is None else args)
     if argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]][0](argv[1:])
-    epilog = "other commands:\n" + "\n".join(f"  {name:<12} {help}" for name, (_, help) in EXTRA_COMMANDS.items())
+    epilog = f"other commands (dspark-lightning COMMAND --help): {', '.join(EXTRA_COMMANDS)}"
     return DSparkCLI(
         DSparkModule,
         ShareGPTDataModule,
