@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
+# One torch thread: the demo models are tiny, and two threads stall badly when anything else uses the cores.
 quickstart: $(STAMP)
-	WANDB_MODE=offline $(BIN)/dspark-lightning fit --config configs/quickstart.yaml
+	OMP_NUM_THREADS=1 WANDB_MODE=offline $(BIN)/dspark-lightning fit --config configs/quickstart.yaml
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python -m pytest -q

@@ -13,8 +13,9 @@ Design choices:
 - The target's features are computed once per sequence length by the real demo target and timed on their own
   (``target_ms``, no grad, median of 3); the timed step (``step_ms``) is what the drafter adds: ``shared_step`` with
   those features in the batch (its offline-cache path), the ``AcceptanceMetrics`` update, backward, grad-norm clip
-  1.0 and the optimizer step. Median of repeats after one warm-up step, 1 torch thread (a 2-core machine shared with
-  other jobs).
+  1.0 and the optimizer step. Median of repeats after one warm-up step: at least 3, more for cheap points (about 2 s
+  of timed steps per point, at most 15), 1 torch thread (a 2-core machine shared with other jobs: bursts of load
+  from other processes need several samples to be outvoted).
 - Peak memory = peak of live tensor bytes allocated during one step, from the profiler's memory timeline (the CPU
   analogue of ``torch.cuda.max_memory_allocated`` over the step; the same measure as ``bench_loss_memory``), so the
   parameters, optimizer state and inputs that exist before the step are not counted.
@@ -39,6 +40,7 @@ TARGET = ROOT / "assets" / "demo-target"
 BLOCK, RANK, DOC_LEN = 8, 64, 512
 SEQ_LENS, SEQ_ANCHORS = (512, 1024, 2048, 4096, 8192), 128
 ANCHORS, ANCHOR_SEQ = (64, 128, 256, 512, 1024), 4096
+BUDGET_S, MAX_REPEATS = 2.0, 15  # timed seconds per point (full run) and the most repeats that buys
 COLUMNS = [
     "sweep", "seq_len", "anchors", "rows", "repeats", "step_ms", "step_min_ms", "forward_ms", "backward_ms",
     "optimizer_ms", "target_ms", "peak_mib", "logits_fp32_mib", "dense_mask_mib",
@@ -104,7 +106,7 @@ def target_features(module, batch: dict, repeats: int) -> tuple[dict[str, torch.
     return cached, statistics.median(times)
 
 
-def measure(module, batch: dict, features: dict, anchors: int, repeats: int) -> dict[str, float]:
+def measure(module, batch: dict, features: dict, anchors: int, repeats: int, adaptive: bool = True) -> dict:
     """Time the drafter's training step with precomputed target features; one more step under the profiler."""
     from benchmarks.bench_loss_memory import _tensor_peak
     from dspark_lightning.metrics import AcceptanceMetrics
@@ -135,7 +137,9 @@ def measure(module, batch: dict, features: dict, anchors: int, repeats: int) -> 
         optimizer.step()
         return t1 - t0, t2 - t1, time.perf_counter() - t2
 
-    step()  # warm-up (also creates the optimizer state, which is then not counted in the peak)
+    warm = sum(step())  # warm-up (also creates the optimizer state, which is then not counted in the peak)
+    if adaptive:  # about BUDGET_S of timed steps per point, at least ``repeats``: cheap points get more samples
+        repeats = max(repeats, min(MAX_REPEATS, int(BUDGET_S / max(warm, 1e-3))))
     samples = [step() for _ in range(repeats)]
     try:
         peak = _tensor_peak(step) / 2**20
@@ -144,6 +148,7 @@ def measure(module, batch: dict, features: dict, anchors: int, repeats: int) -> 
     vars(module.target).pop("features", None)  # undo the fallback, if any
     totals = [sum(s) * 1e3 for s in samples]
     return {
+        "repeats": repeats,
         "step_ms": statistics.median(totals),
         "step_min_ms": min(totals),
         "forward_ms": statistics.median(s[0] * 1e3 for s in samples),
@@ -215,13 +220,14 @@ def write_results(rows: list[dict], machine: dict, out_dir: Path, stem: str, tot
         f"load average {machine['load_average']} at start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end "
         f"(shared machine). Total benchmark time {total_s:.0f} s. Plots: " + ", ".join(f"`{p.name}`" for p in plots),
         "",
-        "| sweep | S | A | rows A·B | step ms | fwd ms | bwd ms | opt ms | target ms | peak MiB | fp32 logits MiB "
-        "| dense mask MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| sweep | S | A | rows A·B | step ms | min ms | n | fwd ms | bwd ms | opt ms | target ms | peak MiB "
+        "| fp32 logits MiB | dense mask MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['sweep']} | {r['seq_len']} | {r['anchors']} | {r['rows']} | {r['step_ms']:.1f} | "
+            f"{r['step_min_ms']:.1f} | {r['repeats']} | "
             f"{r['forward_ms']:.1f} | {r['backward_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['target_ms']:.1f} | "
             f"{cell(r['peak_mib'])} | {r['logits_fp32_mib']:.1f} | {r['dense_mask_mib']:.1f} |"
         )
@@ -249,9 +255,9 @@ def run(quick: bool = False, out_dir: Path = RESULTS, threads: int = 1, repeats:
         if seq_len not in cache:  # one target forward timing per sequence length (median of 3)
             cache[seq_len] = target_features(module, batch, 3 if not quick else 1)
         features, target_ms = cache[seq_len]
-        result = measure(module, batch, features, anchors, repeats) | {"target_ms": target_ms}
+        result = measure(module, batch, features, anchors, repeats, adaptive=not quick) | {"target_ms": target_ms}
         rows_ab = anchors * BLOCK
-        row = {"sweep": sweep, "seq_len": seq_len, "anchors": anchors, "rows": rows_ab, "repeats": repeats}
+        row = {"sweep": sweep, "seq_len": seq_len, "anchors": anchors, "rows": rows_ab}
         row |= result
         row["logits_fp32_mib"] = rows_ab * vocab * 4 / 2**20
         row["dense_mask_mib"] = rows_ab * (seq_len + rows_ab) / 2**20
@@ -270,7 +276,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="2 points per sweep (S=1024 for the anchor sweep)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None, help="timed steps per point (default 3; quick 2)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="least timed steps per point (default 3, more for cheap points; quick 2)",
+    )
     args = parser.parse_args(argv)
     run(args.quick, args.out_dir, args.threads, args.repeats)
 
