@@ -162,10 +162,8 @@ class ValidationBlocks:
 def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlocks:
     """Run ``module.shared_step`` on validation batches with the deterministic evaluation anchors (the same blocks
     the validation metrics use) and keep up to ``max_blocks`` blocks that have a valid slot."""
-    from dspark_lightning.models.backbone import evaluation_anchors
 
     module.eval()
-    hp = module.hparams
     first = module.drafter_config.first_trained_slot
     parts: dict[str, list[torch.Tensor]] = {}
     have = 0
@@ -173,15 +171,7 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
         if have >= max_blocks:
             break
         batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        anchors = evaluation_anchors(
-            batch["loss_mask"],
-            batch["document_ids"],
-            batch["position_ids"],
-            hp.block_size,
-            hp.val_anchor_stride or hp.block_size,
-            hp.sample_from_anchor,
-        )
-        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=anchors)
+        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
         keep = valid.any(dim=1)
         take = max_blocks - have
 

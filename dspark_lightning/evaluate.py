@@ -171,22 +171,11 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
 @torch.no_grad()
 def collect_confidence_blocks(module, dataloader, max_batches: int):
     """Confidence logits, acceptance and validity [Nb, B'] over validation batches (evaluation anchors)."""
-    from dspark_lightning.models.backbone import evaluation_anchors
-
     logits, alphas, valids = [], [], []
     for index, batch in enumerate(dataloader):
         if index >= max_batches:
             break
-        hp = module.hparams
-        anchors = evaluation_anchors(
-            batch["loss_mask"],
-            batch["document_ids"],
-            batch["position_ids"],
-            hp.block_size,
-            hp.val_anchor_stride or hp.block_size,
-            hp.sample_from_anchor,
-        )
-        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=anchors)
+        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
         first = module.drafter_config.first_trained_slot
         logits.append(out.confidence_logits.flatten(0, 1)[:, first:].float())
         alphas.append(alpha.float())

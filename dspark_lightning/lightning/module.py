@@ -391,17 +391,22 @@ class DSparkModule(L.LightningModule):
     def test_step(self, batch, batch_idx):
         return self._evaluation_step(batch, batch_idx, "test")
 
-    def _evaluation_step(self, batch, batch_idx, stage: str):
-        # deterministic, per-document anchors: identical blocks in every validation, for any packing or world size
-        anchors = evaluation_anchors(
+    def evaluation_anchors(self, batch: dict[str, torch.Tensor]):
+        """The deterministic per-document anchors every evaluation uses (validation, test, decode tools)."""
+        hp = self.hparams
+        return evaluation_anchors(
             batch["loss_mask"],
             batch["document_ids"],
             batch["position_ids"],
-            self.hparams.block_size,
-            self.hparams.val_anchor_stride or self.hparams.block_size,
-            self.hparams.sample_from_anchor,
-            pad_to=self.hparams.max_anchors,
+            hp.block_size,
+            hp.val_anchor_stride or hp.block_size,
+            hp.sample_from_anchor,
+            pad_to=hp.max_anchors,
         )
+
+    def _evaluation_step(self, batch, batch_idx, stage: str):
+        # deterministic, per-document anchors: identical blocks in every validation, for any packing or world size
+        anchors = self.evaluation_anchors(batch)
         total, losses, alpha, match, valid, confidence, out = self.shared_step(batch, anchors=anchors)
         self.last_eval_output = out  # read by evaluation callbacks in on_validation_batch_end
         self.val_acceptance.update(alpha, match, valid)
