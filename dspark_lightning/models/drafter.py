@@ -21,6 +21,7 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -155,6 +156,8 @@ class DSparkDrafter(nn.Module):
     @classmethod
     def for_target(cls, config: DrafterConfig, target, draft_vocab: DraftVocab | None = None) -> DSparkDrafter:
         """Build a drafter shaped after a ``FrozenTarget`` (its hidden size, heads, rotary base, layers)."""
+        if config.target_layer_ids is None:  # record which target layers feed this drafter (export needs them)
+            config = dataclasses.replace(config, target_layer_ids=list(target.target_layer_ids))
         tc = target.config
         head_dim = config.head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         backbone_config = BackboneConfig(

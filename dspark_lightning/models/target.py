@@ -55,6 +55,16 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype | str = "auto", trust_r
         ) from error
 
 
+def resolve_target_layer_ids(num_layers: int, target_layer_ids: list[int] | None, num_draft_layers: int) -> list[int]:
+    """The given layer ids, checked against the target's depth, or the default spread over depth."""
+    if target_layer_ids is None:
+        return default_target_layer_ids(num_layers, num_draft_layers)
+    for layer_id in target_layer_ids:
+        if not 0 <= layer_id < num_layers:
+            raise ValueError(f"target layer id {layer_id} out of range for a {num_layers}-layer target")
+    return list(target_layer_ids)
+
+
 class FrozenTarget(nn.Module):
     """Wraps a causal LM; exposes embeddings, LM head, per-layer features and the final hidden state."""
 
@@ -63,12 +73,7 @@ class FrozenTarget(nn.Module):
         self.model = model
         config = model.config
         self.num_layers = config.num_hidden_layers
-        if target_layer_ids is None:
-            target_layer_ids = default_target_layer_ids(self.num_layers, num_draft_layers)
-        for layer_id in target_layer_ids:
-            if not 0 <= layer_id < self.num_layers:
-                raise ValueError(f"target layer id {layer_id} out of range for a {self.num_layers}-layer target")
-        self.target_layer_ids = list(target_layer_ids)
+        self.target_layer_ids = resolve_target_layer_ids(self.num_layers, target_layer_ids, num_draft_layers)
         model.eval()
         model.requires_grad_(False)
 
@@ -160,12 +165,7 @@ class TargetHeads(nn.Module):
         super().__init__()
         self._config = config
         self.num_layers = config.num_hidden_layers
-        if target_layer_ids is None:
-            target_layer_ids = default_target_layer_ids(self.num_layers, num_draft_layers)
-        for layer_id in target_layer_ids:
-            if not 0 <= layer_id < self.num_layers:
-                raise ValueError(f"target layer id {layer_id} out of range for a {self.num_layers}-layer target")
-        self.target_layer_ids = list(target_layer_ids)
+        self.target_layer_ids = resolve_target_layer_ids(self.num_layers, target_layer_ids, num_draft_layers)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.requires_grad_(False)
