@@ -151,3 +151,32 @@ def test_limit_shards_takes_exactly_the_first_records_in_file_order(tmp_path):
     assert limit_shards(paths, 4) == [(paths[0], 3), (paths[1], 1)]
     assert [r.record["id"] for r in iter_local_records(limit_shards(paths, 4))] == ["0-0", "0-1", "0-2", "1-0"]
     assert limit_shards(paths, None) == [(p, None) for p in paths]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        '\n  {"id": "cut", "conversations": [{"from": "human", "value": "unfin',
+        '\n  {"id": "cut", "convers',
+        "\n",
+        "\n  ",
+    ],
+    ids=["inside-a-string", "inside-a-key", "after-a-comma", "after-a-comma-spaces"],
+)
+def test_truncated_json_array_keeps_every_complete_record(tmp_path, tail):
+    records = [{"id": str(i), "conversations": [GOOD["conversations"][0], GOOD["conversations"][1]]} for i in range(3)]
+    text = json.dumps(records, indent=2)
+    path = tmp_path / "cut.json"
+    path.write_text(text[: text.rindex("}") + 1] + "," + tail)  # drop the closing bracket, cut after a comma
+    raws = list(iter_file_records(str(path)))
+    assert [r.record for r in raws[:-1]] == records
+    assert raws[-1].truncated and raws[-1].record is None
+    counter = BadRecordCounter()
+    assert len(list(iter_conversations(iter(raws), counter=counter))) == 3
+    assert counter.counts == {"truncated_tail": 1}
+
+
+def test_sharegpt_v3_role_aliases_are_assistant_turns():
+    for role in ("chatgpt", "bing", "bard", "assistant", "gpt"):
+        messages = validate_record({"conversations": [{"from": "human", "value": "q"}, {"from": role, "value": "a"}]})
+        assert messages[1]["role"] == "assistant"

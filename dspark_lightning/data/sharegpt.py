@@ -11,10 +11,12 @@ Design choices:
   array (``[``; elements decoded one at a time, never the whole file), or concatenated / pretty-printed JSON values.
   A file starting with anything else is not JSON at all: :class:`NotJSONError` names the file and line. In JSON Lines
   a bad line is a bad record (reason ``invalid_json``) and reading resumes at the next line; in the other two layouts a
-  syntax error cannot be resynchronised and is fatal (:class:`NotJSONError` with the line).
+  syntax error cannot be resynchronised and is fatal (:class:`NotJSONError` with the line), except a file cut off
+  at the end (the packaged ShareGPT V3 file is): every complete record is kept and the tail counts as
+  ``truncated_tail``.
 - Records are ShareGPT (``conversations`` of ``{"from", "value"}``) or OpenAI style (``messages`` of
   ``{"role", "content"}``); either turn form is accepted under either key. Roles ``system``, ``human``/``user`` and
-  ``gpt``/``assistant`` are normalised to ``system``/``user``/``assistant``; anything else is a bad record.
+  ``gpt``/``assistant``/``chatgpt``/``bing``/``bard`` are normalised to ``system``/``user``/``assistant``; anything else is a bad record.
 - Every way a record can be unusable has a named reason in :data:`BAD_RECORD_REASONS` (including the reasons found
   later by tokenisation), so counts are comparable across passes and processes.
 """
@@ -34,13 +36,14 @@ from typing import IO, Any
 
 BAD_RECORD_REASONS: dict[str, str] = {
     "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
+    "truncated_tail": "a JSON array / JSON values file cut off at the end: a partial last record or no closing ']'",
     "not_a_dict": "the record is not a JSON object",
     "missing_conversations": "neither 'conversations' nor 'messages' is present",
     "conversations_not_a_list": "'conversations'/'messages' is not a list",
     "empty_conversations": "'conversations'/'messages' is an empty list",
     "turn_not_a_dict": "a turn is not a JSON object",
     "missing_role": "a turn has neither 'from' nor 'role'",
-    "unknown_role": "a turn's role is not one of system/human/user/gpt/assistant",
+    "unknown_role": "a turn's role is not one of system/human/user/gpt/assistant/chatgpt/bing/bard",
     "misplaced_system_turn": "a system turn that is not the first turn",
     "missing_content": "a turn has neither 'value' nor 'content'",
     "non_string_content": "a turn's content is not a string",
@@ -52,7 +55,17 @@ BAD_RECORD_REASONS: dict[str, str] = {
     "no_anchor_room": "no assistant token leaves room for a full draft block inside the document",
 }
 
-ROLE_ALIASES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+# ShareGPT V3 also labels assistant turns by the product that wrote them (chatgpt, bing, bard).
+ROLE_ALIASES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+}
 LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+){0,2}$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -68,6 +81,10 @@ class NotJSONError(ValueError):
         message = file if line is None else f"{file}:{line}: not a JSON / JSON Lines conversation file: {detail}"
         super().__init__(message)
         self.file, self.line, self.detail = file, line, detail
+
+
+class TruncatedJSONError(NotJSONError):
+    """The file ends inside a JSON value (or before the array's closing bracket): everything before it is kept."""
 
 
 class BadRecordError(ValueError):
@@ -99,6 +116,7 @@ class RawRecord:
     source: str
     line: int | None
     json_error: str | None = None
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,7 +230,9 @@ class _JSONValueReader:
 
     def expect(self, chars: str) -> str:
         char = self.peek()
-        if char == "" or char not in chars:
+        if char == "":
+            raise TruncatedJSONError(self.path, self.line, f"end of file where one of {chars!r} was expected")
+        if char not in chars:
             raise NotJSONError(self.path, self.line, f"expected one of {chars!r}, found {char or 'end of file'!r}")
         self.pos += 1
         return char
@@ -230,7 +250,10 @@ class _JSONValueReader:
                 if truncated and self._fill():
                     continue
                 line = self.line + self.buffer.count("\n", self.pos, error.pos)
-                raise NotJSONError(self.path, line, f"{error.msg} (column {error.colno})") from None
+                # Past the end of the whole file, an unfinished value is a cut-off tail, not a syntax error.
+                at_end = error.pos >= len(self.buffer.rstrip()) or error.msg.startswith("Unterminated string")
+                error_type = TruncatedJSONError if self.eof and at_end else NotJSONError
+                raise error_type(self.path, line, f"{error.msg} (column {error.colno})") from None
             if not self._fill():
                 break
         start_line = self.line
@@ -263,7 +286,15 @@ def _iter_json_lines(handle: IO[bytes], path: str, lines_read: int) -> Iterator[
 
 
 def _iter_json_values(reader: _JSONValueReader, path: str, array: bool) -> Iterator[RawRecord]:
-    """The elements of a top-level JSON array, or consecutive top-level JSON values."""
+    """The elements of a top-level JSON array, or consecutive top-level JSON values; a cut-off tail ends the file
+    as one record marked ``truncated`` (counted as ``truncated_tail``), keeping every complete record before it."""
+    try:
+        yield from _iter_json_values_strict(reader, path, array)
+    except TruncatedJSONError as error:
+        yield RawRecord(None, path, error.line, json_error=error.detail, truncated=True)
+
+
+def _iter_json_values_strict(reader: _JSONValueReader, path: str, array: bool) -> Iterator[RawRecord]:
     if array:
         reader.expect("[")
         if reader.peek() == "]":
@@ -394,6 +425,8 @@ def record_id(record: Any) -> str | None:
 
 def to_conversation(raw: RawRecord) -> Conversation:
     """Validate one raw record (including JSON Lines decode failures) into a :class:`Conversation`."""
+    if raw.truncated:
+        raise InvalidRecord("truncated_tail", raw.json_error or "")
     if raw.json_error is not None:
         raise InvalidRecord("invalid_json", raw.json_error)
     return Conversation(validate_record(raw.record), record_id(raw.record), raw.source, raw.line)
