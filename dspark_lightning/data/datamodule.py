@@ -46,6 +46,7 @@ from dspark_lightning.data.sharegpt import (
     BadRecordError,
     Conversation,
     DataSource,
+    IdSplit,
     InvalidRecord,
     RawRecord,
     iter_conversations,
@@ -54,11 +55,19 @@ from dspark_lightning.data.sharegpt import (
     resolve_source,
     to_conversation,
 )
-from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker
+from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker, choose_mask_token
 
 logger = logging.getLogger(__name__)
 
-STAT_NAMES = ("records", "documents", "truncated_documents", "rows", "tokens", "supervised_tokens")
+STAT_NAMES = (
+    "records",
+    "documents",
+    "truncated_documents",
+    "rows",
+    "tokens",
+    "supervised_tokens",
+    "other_split_records",
+)
 COUNTER_NAMES = tuple(BAD_RECORD_REASONS) + STAT_NAMES
 
 
@@ -118,8 +127,9 @@ class PackedConversationStream(TorchIterableDataset):
         pad_token_id: int,
         on_bad_record: str,
         counts: SharedCounts,
+        keep_split: tuple[IdSplit, str] | None = None,
     ):
-        self.records, self.source, self.encoder = records, source, encoder
+        self.records, self.source, self.encoder, self.keep_split = records, source, encoder, keep_split
         self.seq_len, self.pad_token_id, self.on_bad_record, self.counts = seq_len, pad_token_id, on_bad_record, counts
 
     def set_epoch(self, epoch: int) -> None:
@@ -133,7 +143,14 @@ class PackedConversationStream(TorchIterableDataset):
             raw = raw_record_from_example(example, self.source)
             self.counts.add(row, "records")
             try:
-                document = self.encoder.encode(to_conversation(raw).messages, max_length=self.seq_len)
+                conversation = to_conversation(raw)
+                if (
+                    self.keep_split is not None
+                    and self.keep_split[0].split_of(conversation.record_id) != self.keep_split[1]
+                ):
+                    self.counts.add(row, "other_split_records")  # held out for another split: not a bad record
+                    continue
+                document = self.encoder.encode(conversation.messages, max_length=self.seq_len)
             except InvalidRecord as bad:
                 if self.on_bad_record == "raise":
                     raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None
@@ -226,6 +243,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         chat_template_kwargs: dict[str, Any] | None = None,
         train_cache: str | list[str] | None = None,
         val_cache: str | list[str] | None = None,
+        split_by_id: dict[str, float] | None = None,
     ):
         """
         Args:
@@ -253,6 +271,10 @@ class ShareGPTDataModule(L.LightningDataModule):
             train_cache: Directory (or list) written by ``dspark-lightning cache``: train from cached target features
                 instead of ``train_files`` (pair with ``model.target_features: cache``).
             val_cache: Same for validation and test (instead of ``val_files`` / ``test_files``).
+            split_by_id: Carve validation / test out of the same files by conversation id, e.g.
+                ``{validation: 0.02, test: 0.02}`` (deterministic; all parts ``<id>_N`` of one conversation stay
+                together). Each split keeps only its own records; ``val_files`` / ``test_files`` default to
+                ``train_files``. Counted as ``other_split_records``, never as bad records.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -266,6 +288,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         self.trust_remote_code, self.limit_val_samples = trust_remote_code, limit_val_samples
         self.mask_token, self.chat_template_kwargs = mask_token, chat_template_kwargs
         self.train_cache, self.val_cache = train_cache, val_cache
+        self.id_split = IdSplit.from_fractions(split_by_id)
         if on_bad_record not in ("skip", "raise"):
             raise ValueError(f"on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
         self._tokenizer = None
@@ -301,8 +324,18 @@ class ShareGPTDataModule(L.LightningDataModule):
 
     @property
     def mask_token_id(self) -> int:
-        """Id of the drafter's mask token: ``mask_token`` if given, else the tokenizer's mask token."""
+        """Id of the drafter's mask token: ``mask_token`` if given, else the tokenizer's mask token, else an unused
+        special token picked by :func:`choose_mask_token` (logged; the model records the id in its hyperparameters)."""
         token = self.mask_token or self.tokenizer.mask_token
+        if token is None:
+            token = self.mask_token = choose_mask_token(self.tokenizer)
+            logger.warning(
+                "tokenizer %r has no mask token: using the unused special token %r (id %d) as the drafter's mask "
+                "token; set data.mask_token to choose another",
+                self.tokenizer_name,
+                token,
+                self.tokenizer.convert_tokens_to_ids(token),
+            )
         token_id = self.tokenizer.convert_tokens_to_ids(token) if token is not None else None
         if token_id is None or token_id == self.tokenizer.unk_token_id:
             raise ValueError(
@@ -325,6 +358,8 @@ class ShareGPTDataModule(L.LightningDataModule):
             spec, option = (self.test_files or self.val_files), "test_files (or val_files)"
         else:
             spec, option = (self.train_files, "train_files") if split == "train" else (self.val_files, "val_files")
+        if spec is None and self.id_split is not None:
+            spec = self.train_files  # validation / test carved out of the training files by id
         if spec is None:
             raise ValueError(f"no {option} configured")
         return resolve_source(spec, default_split="validation" if split == "test" and not self.test_files else split)
@@ -351,8 +386,16 @@ class ShareGPTDataModule(L.LightningDataModule):
         if world_size > 1:
             records = split_dataset_by_node(records, rank=rank, world_size=world_size)
         self._counts[split] = SharedCounts(self.num_workers)
+        keep = None if self.id_split is None else (self.id_split, split)
         return PackedConversationStream(
-            records, source, self.encoder, self.seq_len, self.pad_token_id, self.on_bad_record, self._counts[split]
+            records,
+            source,
+            self.encoder,
+            self.seq_len,
+            self.pad_token_id,
+            self.on_bad_record,
+            self._counts[split],
+            keep,
         )
 
     def cache_for(self, split: str) -> str | list[str] | None:
@@ -477,6 +520,8 @@ class ShareGPTDataModule(L.LightningDataModule):
             for conversation in iter_conversations(raws, on_bad_record="skip"):
                 if len(chosen) >= self.num_eval_prompts:
                     break
+                if self.id_split is not None and self.id_split.split_of(conversation.record_id) != "validation":
+                    continue
                 first_assistant = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
                 prompt = conversation.messages[:first_assistant]
                 if prompt and prompt[-1]["role"] == "user" and len(self.encoder.prompt_ids(prompt)) < self.seq_len:

@@ -28,7 +28,6 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -40,26 +39,18 @@ from typing import Any
 import torch
 
 from dspark_lightning.data.sharegpt import (
+    IdSplit,
     InvalidRecord,
     RawRecord,
+    conversation_id,
     iter_local_records,
     limit_shards,
-    record_id,
     resolve_source,
     to_conversation,
 )
 
 SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
 SHARD_PREFIX = "train-"
-
-
-def conversation_id(raw_record: Any, messages: Sequence[dict[str, str]]) -> str:
-    """The record's own id, else a stable hash of its normalised messages."""
-    own = record_id(raw_record)
-    if own is not None:
-        return own
-    digest = hashlib.sha1(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-    return f"sha1-{digest[:20]}"
 
 
 def to_sharegpt(identifier: str, messages: Sequence[dict[str, str]]) -> dict[str, Any]:
@@ -150,8 +141,9 @@ class GreedyRegenerator:
         max_new_tokens: int,
         max_prompt_tokens: int | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        max_turns: int | None = None,
     ):
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer, self.max_turns = model, tokenizer, max_turns
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.template_kwargs = dict(template_kwargs or {})
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -213,10 +205,16 @@ class GreedyRegenerator:
             for i, messages in enumerate(originals):
                 if finished[i]:
                     continue
-                while position[i] < len(messages) and messages[position[i]]["role"] != "assistant":
-                    rewritten[i].append(messages[position[i]])
+                while position[i] < len(messages) and (
+                    messages[position[i]]["role"] != "assistant" or not any(m["role"] == "user" for m in rewritten[i])
+                ):
+                    if messages[position[i]]["role"] == "assistant":  # a reply to no prompt: nothing to regenerate
+                        counts["skipped_reply_without_prompt"] += 1
+                    else:
+                        rewritten[i].append(messages[position[i]])
                     position[i] += 1
-                if position[i] >= len(messages):
+                replies_written = sum(m["role"] == "assistant" for m in rewritten[i])
+                if position[i] >= len(messages) or (self.max_turns and replies_written >= self.max_turns):
                     finished[i] = True
                 elif self.max_prompt_tokens and self.prompt_length(rewritten[i]) > self.max_prompt_tokens:
                     counts["conversations_cut_at_max_prompt_tokens"] += 1
@@ -263,8 +261,18 @@ def regenerate(
     tokenizer: Any = None,
     num_jobs: int = 1,
     job_index: int = 0,
+    max_turns: int | None = None,
+    split: str = "train",
+    split_by_id: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done."""
+    """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done.
+
+    With ``split_by_id`` (e.g. ``{"validation": 0.02, "test": 0.02}``) only the records that :class:`IdSplit` puts in
+    ``split`` are regenerated, and shards are named ``<split>-NNNNN.jsonl``; ``max_turns`` stops each conversation
+    after that many regenerated replies."""
+    id_split = IdSplit.from_fractions(split_by_id)
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"split must be train, validation or test, got {split!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -277,9 +285,10 @@ def regenerate(
         model = model.to(device).eval()
     if not 0 <= job_index < num_jobs:
         raise ValueError(f"job_index must be in [0, {num_jobs}), got {job_index}")
-    prefix = SHARD_PREFIX if num_jobs == 1 else f"{SHARD_PREFIX}{job_index:03d}of{num_jobs:03d}-"
+    base = f"{split}-"
+    prefix = base if num_jobs == 1 else f"{base}{job_index:03d}of{num_jobs:03d}-"
     writer = ResumableShardWriter(output, shard_size, prefix)
-    regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs)
+    regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
     counts: Counter = Counter()
     already = len(writer.done_ids)
     budget = None if limit is None else max(0, limit - already)
@@ -292,7 +301,10 @@ def regenerate(
         counts["written"] += len(records)
         batch.clear()
 
-    for ordinal, (identifier, messages) in enumerate(read_conversations(data, counts)):
+    conversations = read_conversations(data, counts)
+    if id_split is not None:
+        conversations = ((i, m) for i, m in conversations if id_split.split_of(i) == split or _count_other(counts))
+    for ordinal, (identifier, messages) in enumerate(conversations):
         if ordinal % num_jobs != job_index:
             continue  # another job's record
         if budget is not None and taken >= budget:
@@ -310,6 +322,11 @@ def regenerate(
     if writer.removed_bytes:
         summary["removed_partial_bytes"] = writer.removed_bytes
     return {**summary, **counts}
+
+
+def _count_other(counts: Counter) -> bool:
+    counts["skipped_other_split"] += 1
+    return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-jobs", type=int, default=1, help="split the records over this many parallel jobs")
     parser.add_argument("--job-index", type=int, default=0, help="which of --num-jobs this process is (0-based)")
     parser.add_argument("--trust-remote-code", action="store_true", default=False)
+    parser.add_argument("--max-turns", type=int, default=None, help="regenerate at most this many replies per record")
+    parser.add_argument("--split", default="train", choices=("train", "validation", "test"), help="with --split-by-id")
+    parser.add_argument(
+        "--split-by-id", type=json.loads, default=None, help='JSON fractions, e.g. {"validation": 0.02, "test": 0.02}'
+    )
     return parser
 
 
@@ -353,6 +375,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         template_kwargs=args.chat_template_kwargs,
         num_jobs=args.num_jobs,
         job_index=args.job_index,
+        max_turns=args.max_turns,
+        split=args.split,
+        split_by_id=args.split_by_id,
     )
     print(json.dumps(summary, indent=2))
     return summary

