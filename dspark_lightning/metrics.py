@@ -1,24 +1,10 @@
-"""Acceptance and confidence-calibration metrics (DESIGN §3), exact under DDP.
+"""Acceptance and confidence-calibration metrics (docs/design.md §7), exact under DDP.
 
 Every metric keeps only sums and counts (``dist_reduce_fx="sum"``) and divides in ``compute()``, so syncing across
-ranks gives exactly the single-process result (up to float summation order). Sums are float32 and counts int64, so
-the metrics also run on backends without float64 (MPS). Inputs are shaped ``[Nb, B]`` (blocks × slots; a flat
-``[Nb·B]`` input is reshaped) with a validity mask m (invalid anchors, positions outside the loss mask).
-
-* ``accept_rate`` = mean α over valid slots; ``accept_rate_per_slot[B]``.
-* ``tau`` = mean over blocks with ≥ 1 valid slot of 1 + Σ_k Π_{j≤k} (α_j·m_j): the expected number of tokens per
-  verification (the target's own token counts 1), an invalid slot ending the chain.
-* ``greedy_acc`` (argmax q = argmax p) over valid slots, per slot; ``greedy_tau`` = mean of 1 + the longest prefix of
-  slots that are valid and greedy-matched.
-
-Slots are the draft predictions: in the DFlash form (``sample_from_anchor=False``) slot 0 is the untrained bonus token,
-so pass slots 1..B−1 (``block_size = B − 1``); a perfect draft then has tau = B. Per-slot means of slots that never had
-a valid entry are NaN (no data), as are reliability-curve entries of empty bins.
-
-Confidence calibration (:class:`ConfidenceCalibration`): c_k estimates P(slot k accepted | earlier slots accepted), so
-it is compared with α_k slot by slot (mean |c − α|, means, ECE over equal-width bins of c: Σ_b (n_b/n)|c̄_b − ᾱ_b|), and
-the prefix survival a_k = Π_{j≤k} c_j — what a scheduler thresholds — with Π_{j≤k} α_j (signed mean bias, ECE, and the
-reliability curve over bins of a_k). Prefix products include slot k only if it and every earlier slot are valid.
+ranks gives the single-process result up to float summation order (float32 sums, int64 counts: no float64 needed).
+Inputs are ``[Nb, B]`` (blocks x trained slots; flat ``[Nb*B]`` is reshaped) with a validity mask. Definitions of
+accept rate, tau, greedy accuracy / tau and the calibration errors: docs/design.md §7.1-§7.4. In the DFlash form
+pass slots 1..B-1 only (``block_size = B - 1``). Slots or bins that never had data are NaN.
 """
 
 from __future__ import annotations

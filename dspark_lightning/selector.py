@@ -1,40 +1,17 @@
 """The Selector view of the Markov head: top-k candidate sets, k x k pair scores, and a cheap walk.
 
-A DFlash-2 Selector is a gated Markov head executed on top-k candidate sets, and any trained DSpark Markov head
-(vanilla or gated) can be executed the same way without retraining. For one block with base logits U_t, draft
-hidden h_t (t = 0..B-1) and first previous token a0 (the anchor):
+A DFlash-2 Selector is a gated Markov head executed on top-k candidate sets, and any trained vanilla or gated head can
+be executed the same way without retraining (docs/design.md §6): candidates C_t = top-k(U_t), pair scores
+S_t(a, b) = U_t(b) + u(a, h_t) . W2[b] for all slots at once (``pair_scores``, one batched matmul, no Python loop over
+slots or candidates), then a walk over the B slots (``walk_pair_scores``). ``sequential_decode`` is the reference
+(full vocabulary, ``head.step_bias``); with k = Vd both agree, and ``equivalence_report`` measures the gap for k < Vd.
 
-    C_t       = top-k(U_t)                                         candidate set of slot t (draft-vocab indices)
-    S_t(a, b) = U_t(b) + u(a, h_t) . W2[b]     a in C_{t-1} (a0 for t = 0), b in C_t
-    walk      x_t = argmax_{b in C_t} S_t(x_{t-1}, b)   or  x_t ~ softmax_{C_t}(S_t(x_{t-1}, .) / T)
-
-where u(a, h) is the head's r-dim transition feature (``MarkovHead.transition_features``) and W2[b] the row b of
-``head.markov_w2.weight`` ([Vd, r]). The sequential reference decodes slot by slot over the full draft vocabulary
-with ``head.step_bias`` (the head as trained). With k = Vd both give the same tokens; with k < Vd the walk can only
-pick tokens inside C_t, which ``equivalence_report`` measures (coverage@k, agreement@k, acceptance, time).
-
-Design choices:
-- Candidates come from ``candidate_topk``: exact top-k, searched in two stages (chunk maxima, then the best
-  chunks) for large vocabularies, because on CPU a plain top-k over B x Vd logits costs as much as the rest.
-- All slots at once: ``pair_scores`` gathers the W2 rows of the candidates ([N, B, k, r]), computes u for every
-  predecessor candidate against the hidden state of its slot ([N, B, k, r]) and contracts them with one batched
-  matmul. There is no Python loop over slots or candidates; only the walk loops over the B slots (cheap gathers).
-- Token spaces: candidates and returned tokens are draft-vocab indices (0..Vd-1). Tokens fed to the head as
-  predecessors are target-vocab ids: ``first_prev`` is a target id and the predecessor candidates are mapped through
-  ``d2t`` (LongTensor[Vd], draft index -> target id; ``None`` means the identity, Vd = V).
-- The ``hidden+prev`` gate Linear([h ; W1[a]]) is split into its hidden part (computed once per slot) and its
-  previous-token part (computed per predecessor, or gathered from ``precompute_prev_gate_table(head)``, a [V, r]
-  table that removes the per-predecessor r x r product at inference). Numerically this is the same map as the
-  head's own gate up to floating-point summation order.
-- ``head=None`` (pure DFlash, no Markov head) is allowed everywhere: scores are the base logits broadcast over the
-  predecessors. The rnn head is path dependent, so it has no k x k precompute: ``pair_scores`` raises and
-  ``sequential_decode`` is the way to decode with it.
-- Greedy walks report a one-hot draft distribution (that is what was drafted); sampling walks report
-  softmax(scores / T) over the candidates, both as (candidates, probs[N, B, k]) and scattered to [N, B, Vd]
-  (``SelectorWalk.full_probs()``), which is what lossless rejection sampling needs.
-
-Training the Selector directly (DFlash-2 style) uses ``candidate_loss``; weight conversion to and from the DFlash-2
-CandidateSelector layout lives in ``dspark_lightning.selector_convert`` and is re-exported here.
+Conventions: candidates and returned tokens are draft indices; predecessors fed to the head are target ids (through
+``d2t``, ``None`` = identity). ``head=None`` (pure DFlash) is allowed everywhere; the path-dependent rnn head has no
+pair scores (``pair_scores`` raises; use ``sequential_decode``). Walks return their draft distribution q (one-hot when
+greedy) for lossless rejection sampling. ``candidate_loss`` trains the Selector directly (docs/losses.md §9); weight
+conversion to and from the CandidateSelector layout lives in ``dspark_lightning.selector_convert`` and is re-exported
+here.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Draft attention: block queries read [target context features ; block tokens] as keys and values.
 
-The visibility rule (DESIGN §2): a query of block j (anchored at packed position p_j) sees
-  - context position i  iff  document(i) == document(p_j)  and  i < p_j,
-  - every slot of its own block (bidirectional), and nothing else.
-Rotary positions: context i -> position_ids[i] (position inside its document), block slot k -> position_ids[p_j] + k.
-
-Two interchangeable implementations of that rule, selected by ``attention_backend``:
-  - ``sdpa``: a dense boolean mask [b, 1, Q, S+Q] for ``scaled_dot_product_attention``. Works everywhere and
-    has a backward on CPU (FlexAttention has none on CPU in torch 2.13), so it is the CPU training path.
-  - ``flex``: a ``BlockMask`` from the same rule as a ``mask_mod``, run by a compiled ``flex_attention`` on CUDA
-    (eager, unfused, on CPU - forward only, which is what the parity test uses). The dense mask is O(Q * (S+Q))
-    booleans: at 512 anchors x 16 slots x 8k context that is ~170 MB per row, which is why GPUs use flex.
-  - ``auto``: flex on CUDA, sdpa elsewhere.
-Both are built from one ``BlockVisibility`` description so they cannot drift apart.
+The visibility rule and rotary positions are in docs/design.md §2.3: a block query sees the earlier context of its
+own document and every slot of its own block, nothing else. ``BlockVisibility`` is the single description of that
+rule, from which both backends are built so they cannot drift apart: ``sdpa`` (a dense boolean mask; has a CPU
+backward, so it is the CPU training path) and ``flex`` (a FlexAttention ``BlockMask``, compiled on CUDA; the dense
+mask is O(Q * (S+Q)) booleans per row, too large at GPU sizes); ``auto`` = flex on CUDA, sdpa elsewhere.
 
 Qwen3 details kept: per-head RMSNorm on queries and keys before rotary, grouped-query attention, no biases.
 """

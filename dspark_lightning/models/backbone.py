@@ -1,30 +1,11 @@
 """The DFlash block-parallel draft backbone and the anchor sampling that feeds it.
 
-Training form (DESIGN §2): up to A anchors p are drawn per packed row among supervised positions that leave a
-full block inside their document; block j is [x_p, MASK, ..., MASK] (B tokens) embedded with the target's frozen
-input embedding. The target's hidden states at ``target_layer_ids`` are concatenated and fused once
-(Linear(n*H -> H) + RMSNorm: ``fc`` and ``hidden_norm``); every draft layer then attends from the block tokens to
-[fused context ; block tokens] (see ``attention.py``). A final RMSNorm (``norm``) gives the draft hidden states.
-
-Design choices:
-- The draft layers have the target's hidden size so the target's embedding and LM head can be reused frozen.
-- Layer and parameter names follow Qwen3 (``layers.i.self_attn.q_proj`` ...), which keeps export to serving
-  formats a renaming exercise rather than a reshaping one.
-- Anchors are drawn with ``torch.rand`` scores + top-k over valid positions (uniform without replacement);
-  when a row has fewer valid positions than A the remaining anchors are marked invalid, never duplicated.
-- Anchor budget (``budget``): ``uniform`` draws the A anchors of a row uniformly over all its valid positions, so a
-  short conversation packed next to a long one often gets none. ``per_document`` splits A between the documents of
-  the row in proportion to their supervised tokens, with at least one anchor for every document that has a valid
-  position (when A >= that number of documents), never more than a document's valid positions, and the rest handed
-  out by Sainte-Lague highest averages (document d's (k+1)-th anchor has priority w_d / (k + 0.5)), which is the
-  unbiased proportional rounding; within a document the anchors are uniform without replacement. When A is smaller
-  than the number of eligible documents, A documents are drawn without replacement with probability proportional
-  to their supervised tokens (Efraimidis-Spirakis keys) and get one anchor each.
-- Coverage (``anchor_coverage_counts``): the supervised positions that some valid block predicts (p+1..p+B, or
-  p+1..p+B-1 when slot 0 is the untrained bonus token), over all supervised positions. The first supervised token
-  after an unsupervised stretch can never be covered (its anchor would be unsupervised), so 1.0 is not reachable.
-- ``default_target_layer_ids`` follows the DFlash convention: as many target layers as draft layers, spread
-  evenly from layer 1 to layer L-3 (one layer -> the middle one).
+The backbone fuses the target's hidden states at ``target_layer_ids`` once (``fc`` + ``hidden_norm``) and runs
+Qwen3-style draft layers whose attention reads [fused context ; block tokens] (``attention.py``); blocks are
+[x_p, MASK, ..., MASK] at sampled anchors p (docs/design.md §2). The design choice that matters: the draft layers have
+the target's hidden size and Qwen3 parameter names, so the target's embedding and LM head are reused frozen and
+export is a renaming. Anchor validity, the ``uniform`` / ``per_document`` budgets (Sainte-Lague shares), evaluation
+anchors and coverage: docs/design.md §3.
 """
 
 from __future__ import annotations
@@ -182,7 +163,7 @@ def sample_anchors(
     generator: torch.Generator | None = None,
     budget: str = "uniform",
 ) -> Anchors:
-    """Draw up to ``max_anchors`` distinct valid anchors per row (``budget``: see the module docstring)."""
+    """Draw up to ``max_anchors`` distinct valid anchors per row (``budget``: docs/design.md §3.3)."""
     if budget not in ANCHOR_BUDGETS:
         raise ValueError(f"unknown anchor budget {budget!r}; expected one of {ANCHOR_BUDGETS}")
     candidates = valid_anchor_mask(loss_mask, document_ids, block_size, sample_from_anchor)

@@ -6,7 +6,7 @@ log-probabilities and validity masks. Inference (``draft``) takes the target's f
 newest token and returns one block of base logits and hidden states; the decoding modes (parallel, sequential
 Markov, Selector walk) live in ``dspark_lightning.selector`` / ``dspark_lightning.decoding``.
 
-Conventions:
+Conventions (docs/design.md §3.1, §3.6):
 - ``sample_from_anchor=True`` (DSpark): slot k predicts the token at p+k+1, its previous token is x_{p+k}.
   ``False`` (DFlash): slot k predicts the token at p+k; slot 0 is the bonus token and is never trained
   (``first_trained_slot == 1``), so its row is invalid in every mask.

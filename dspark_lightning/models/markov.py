@@ -1,27 +1,16 @@
 """The Markov head: a low-rank logit bias from the previous token of the block.
 
-DFlash predicts a whole block in one pass, so slot k never sees the token drafted at slot k-1. The Markov head
-adds that dependency back as a rank-r bias on top of the base logits U_k:
+DFlash drafts a block in one pass, so slot k never sees the token drafted at slot k-1; the head adds a rank-r bias
+W2^T u(a, h_k) from the previous token a (a target id) to the base logits. Forms ``vanilla``, ``gated`` (gate forms
+by ``gate_input`` x ``gate_activation``; an identity gate has no bias) and ``rnn``, with their equations:
+docs/design.md §4. Module names are the checkpoint keys: ``markov_w1`` (Embedding(V, r)), ``markov_w2``
+(Linear(r, Vd, bias=False): weight W2^T [Vd, r], zero-initialised so a new head starts as pure DFlash),
+``gate_proj``, ``joint_proj``.
 
-    vanilla   bias(a)      = W2^T W1[a]
-    gated     bias(a, h_k) = W2^T (W1[a] * g),  g = sigmoid(Wg [h_k ; W1[a]] + bg)   (gate_input="hidden+prev")
-                                                g = act(Wg h_k)                       (gate_input="hidden")
-    rnn       [gate, cand, out] = split(Wj [s ; W1[a] ; h_k]);  s <- sig(gate)*s + (1-sig(gate))*tanh(cand)
-              bias = W2^T tanh(out)
-
-W1 is an embedding over the *target* vocabulary (previous tokens are target ids), W2 projects to the draft
-vocabulary. Module names are the checkpoint keys: ``markov_w1`` (Embedding(V, r)), ``markov_w2``
-(Linear(r, Vd, bias=False), so its weight is W2^T with shape [Vd, r]), ``gate_proj`` and ``joint_proj``.
-
-Design choices:
-- For vanilla and gated heads the bias is ``markov_w2(transition_features(a, h))``: the r-dim "transition
-  feature" u(a, h) is exposed on its own because the Selector scores a candidate b as U(b) + u(a, h) . W2[b] for
-  k x k pairs without ever forming a Vd-wide bias (see ``dspark_lightning.selector``).
-- ``gate_input="hidden"`` with ``gate_activation="identity"`` has no gate bias: that form is exactly the DFlash-2
-  CandidateSelector (A <-> W1, B <-> W2^T, H <-> Wg). Any other gate keeps its bias.
-- ``markov_w2`` starts at zero, so a freshly initialised head leaves the base logits untouched and training
-  starts from pure DFlash behaviour; ``markov_w1`` starts N(0, 1).
-- The rnn head is path dependent (its state depends on every earlier token), so it has no transition features.
+The design choice that matters: for vanilla and gated heads the r-dim transition feature u(a, h) is exposed on its
+own (``transition_features``), so the Selector can score k x k candidate pairs without a Vd-wide bias, and the
+``hidden``/``identity`` form is exactly the DFlash-2 CandidateSelector (docs/design.md §6.4). The rnn head is path
+dependent and has no transition features.
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ GATE_ACTIVATIONS = ("sigmoid", "identity")
 
 
 class MarkovHead(nn.Module):
-    """Low-rank previous-token logit bias (see module docstring for the math)."""
+    """Low-rank previous-token logit bias (the math: docs/design.md §4)."""
 
     def __init__(
         self,
