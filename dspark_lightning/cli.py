@@ -67,6 +67,12 @@ def _import_gguf(argv: Sequence[str]):
     return main(list(argv))
 
 
+def _report_smollm2(argv: Sequence[str]):
+    from dspark_lightning.report_smollm2 import main
+
+    return main(list(argv))
+
+
 def _report(argv: Sequence[str]):
     from dspark_lightning.report import main
 
@@ -79,6 +85,7 @@ EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
     "decode": (_decode, "measured speculative decoding of a checkpoint on the eval prompts (table per mode)"),
     "calibrate": (_calibrate, "fit per-slot confidence temperatures (sequential temperature scaling)"),
     "report": (_report, "train every Markov head x block size on the demo and write report.md + plots"),
+    "report-smollm2": (_report_smollm2, "train every head on the SmolLM2-135M recipe; measured tau and wall clock"),
     "export": (_export, "write a checkpoint in the speculators DSpark format that vLLM serves"),
     "cache": (_cache, "run the target once over packed data and store its features (train with no target)"),
     "draft-vocab": (_draft_vocab, "build a reduced draft vocabulary (d2t/t2d) from token frequencies of a dataset"),

