@@ -86,3 +86,30 @@ def test_cli_main_and_shard_writer_roll_over(tmp_path):
     assert [len(p.read_text().splitlines()) for p in sorted(out.glob("*.jsonl"))] == [2, 1]
     writer = ResumableShardWriter(out, shard_size=2)
     assert writer.path.name == "train-00001.jsonl" and len(writer.done_ids) == 3
+
+
+def test_regenerate_one_split_and_at_most_max_turns_replies(tmp_path, target):
+    from dspark_lightning.data.sharegpt import IdSplit
+
+    model, tokenizer = target
+    fractions = {"validation": 0.4, "test": 0.2}
+    split = IdSplit(**fractions)
+    lead_id = next(f"lead{i}" for i in range(100) if split.split_of(f"lead{i}") == "train")
+    lead = {"id": lead_id, "conversations": [{"from": "gpt", "value": "hello"}, *CONVERSATIONS[0]["conversations"]]}
+    records = [*CONVERSATIONS, lead] + [
+        {"id": f"c{i}_{part}", "conversations": CONVERSATIONS[1]["conversations"]} for i in range(12) for part in (0, 1)
+    ]
+    data = tmp_path / "in.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    kwargs = dict(max_new_tokens=6, batch_size=4, model=model, tokenizer=tokenizer, split_by_id=fractions, max_turns=1)
+    summaries = {name: regenerate(str(DEMO_TARGET), str(data), tmp_path / "out", split=name, **kwargs) for name in ("train", "validation")}  # fmt: skip
+    written = {name: [json.loads(line) for p in sorted((tmp_path / "out").glob(f"{name}-*.jsonl")) for line in p.read_text().splitlines()] for name in ("train", "validation")}  # fmt: skip
+    for name, rows in written.items():
+        assert rows and all(split.split_of(r["id"]) == name for r in rows)
+        assert all(sum(t["from"] == "gpt" for t in r["conversations"]) == 1 for r in rows)  # max_turns=1
+        assert summaries[name]["skipped_other_split"] > 0
+    parts = {r["id"].rsplit("_", 1)[0]: r["id"] for rows in written.values() for r in rows if r["id"].startswith("c")}
+    assert len({split.split_of(i) for i in parts}) >= 2  # both splits got some conversations
+    (lead_row,) = [r for r in written["train"] if r["id"] == lead_id]  # a reply to no prompt is skipped
+    assert [t["from"] for t in lead_row["conversations"]] == ["human", "gpt"]
+    assert summaries["train"]["skipped_reply_without_prompt"] == 1
