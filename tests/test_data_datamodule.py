@@ -281,3 +281,27 @@ def test_lightning_fit_reshuffles_by_trainer_epoch_and_logs_counts(tmp_path, cap
     assert dm.bad_record_counts("train") == dm.bad_record_counts("validation") == {"empty_conversations": 1}
     passes = [r.message.split(" data pass")[0] for r in caplog.records if "data pass" in r.message]
     assert passes.count("train") == 2 and passes.count("validation") == 2
+
+
+def test_split_by_id_carves_disjoint_splits_out_of_one_source(tmp_path):
+    from dspark_lightning.data.sharegpt import IdSplit
+
+    records = write_corpus(tmp_path / "corpus", num_files=2, per_file=30)
+    fractions = {"validation": 0.25, "test": 0.25}
+    dm = ShareGPTDataModule(
+        DEMO_TARGET, str(tmp_path / "corpus"), seq_len=128, batch_size=4, block_size=4, split_by_id=fractions
+    )
+    seen = {
+        "train": sorted(markers_in(dm.train_dataloader(), dm.tokenizer)),
+        "validation": sorted(markers_in(dm.val_dataloader(), dm.tokenizer)),
+        "test": sorted(markers_in(dm.test_dataloader(), dm.tokenizer)),
+    }
+    expected = {name: [k for k in records if IdSplit(**fractions).split_of(f"r{k}") == name] for name in seen}
+    assert seen == expected and all(seen.values())  # each split exactly its own ids, none empty
+    assert dm.data_stats("validation")["other_split_records"] == len(records) - len(seen["validation"])
+    assert dm.bad_record_counts("train") == {}  # held-out records are not bad records
+    users = [next(m["content"] for m in c.messages if m["role"] == "user") for c in dm.eval_conversations()]
+    prompt_ids = {int(MARKER.search(text).group(1)) for text in users}
+    assert prompt_ids <= set(seen["validation"])
+    with pytest.raises(ValueError, match="split_by_id"):
+        ShareGPTDataModule(DEMO_TARGET, str(tmp_path / "corpus"), split_by_id={"valid": 0.1})
