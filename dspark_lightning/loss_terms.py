@@ -86,9 +86,13 @@ def validate_loss_options(lk_eta: float, nla_alpha_min: float) -> tuple[float, f
     return eta, eps
 
 
-def _where_mass(mass: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """mass·x with 0 where mass = 0 (0·log 0 = 0, and no NaN from 0·(−inf))."""
-    return torch.where(mass > 0, mass * x, torch.zeros_like(x))
+def _masked_dot(mass: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Row sums of mass·x with x zeroed *in place* where mass = 0 (0·log 0 = 0, no NaN from 0·(±inf)).
+
+    A batched matmul, so no further [rows, Vd] temporary is made; ``x`` must be a temporary the caller owns.
+    """
+    x.masked_fill_(mass == 0, 0.0)
+    return torch.bmm(mass.unsqueeze(1), x.unsqueeze(2)).view(-1)
 
 
 def chunk_terms(
@@ -125,19 +129,20 @@ def chunk_terms(
     H = None
     if "rkl" in weights:
         r = logq - lp
-        values[3] = _where_mass(q, r).sum(-1)
+        values[3] = _masked_dot(q, r)  # r is 0 where q = 0 from here on, which q ⊙ H ignores anyway
         H = r.mul_(w["rkl"]) if need_grad and w["rkl"] else None
         del r
     if "js" in weights:
         log_m = torch.logaddexp(lp, logq).sub_(LOG2)
-        qh = _where_mass(q, logq - log_m).sum(-1)
-        values[4] = 0.5 * (_where_mass(p, lp - log_m).sum(-1) + qh)
+        x_q = logq.sub_(log_m)  # log q − log m ≤ log 2, in logq's storage (logq is not read after this)
+        js_q = 0.5 * _masked_dot(q, x_q)  # ½ Σ q log(q/m)
+        values[4] = js_q + 0.5 * _masked_dot(p, log_m.neg_().add_(lp))  # log_m's storage now holds log p − log m
+        del log_m
         if need_grad and w["js"]:
-            hj = logq.sub_(log_m).mul_(0.5 * w["js"])  # logq is not needed after this point
+            hj = x_q.mul_(0.5 * w["js"])
             H = hj if H is None else H.add_(hj)
             del hj
-        del log_m
-        values_js_q = 0.5 * qh
+        del x_q
     del logq
     if not need_grad:
         return values, alpha, d_arg, t, None
@@ -161,7 +166,7 @@ def chunk_terms(
     if w["rkl"]:
         a -= w["rkl"] * values[3]
     if w["js"]:
-        a -= w["js"] * values_js_q
+        a -= w["js"] * js_q
     g = q.mul_(a[:, None] if H is None else H.add_(a[:, None]))
     del H
     if (c_kl != 0).any():

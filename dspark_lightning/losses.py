@@ -17,7 +17,8 @@ Memory. :func:`compound_loss` is a custom ``torch.autograd.Function``: its forwa
 (fp64 for fp64 logits) each chunk's loss values *and* the analytic gradient of the weighted loss w.r.t. that chunk's
 logits, and writes the gradient, in the logits' dtype, into one preallocated ``[N, Vd]`` buffer. Backward scales that
 buffer by ``grad_output`` in place and returns it, so the peak extra memory is one logits-dtype ``[N, Vd]`` tensor plus
-O(chunk·Vd) fp32 temporaries (one more for ``rkl``/``js``); the logits and the teacher need not stay alive until
+O(chunk·Vd) fp32 temporaries (no more for any single term than for the default spec; rkl/js combined with
+the min-based terms add one); the logits and the teacher need not stay alive until
 backward. Under ``no_grad`` no buffer is allocated.
 
 Because the buffer is consumed in place, a graph built by :func:`compound_loss` can be back-propagated once; pass
