@@ -39,6 +39,14 @@ def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
     log = (out / "log.txt").read_text().splitlines()
     assert sum(line.startswith("[") for line in log) == 3  # one progress line per run
     assert (out / "loss_study.png").stat().st_size > 0
+    # --rerender rebuilds the report and the plot from results.json alone, leaving the numbers untouched
+    before = (out / "results.json").read_text()
+    (out / "report.md").unlink()
+    (out / "loss_study.png").unlink()
+    again = loss_study.main(["--output", str(out), "--rerender"])
+    assert (out / "report.md").exists() and (out / "loss_study.png").exists()
+    assert (out / "results.json").read_text() == before
+    assert [g["teacher_tau"] for g in again["groups"]] == [g["teacher_tau"] for g in saved["groups"]]
 
 
 def group(label, values):
