@@ -36,6 +36,7 @@ def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
             assert math.isfinite(g[key]) and g[key] >= 1.0
         assert len(g["accept_rate_per_slot"]) == 8 and all(0 <= a <= 1 for a in g["accept_rate_per_slot"])
     assert saved["budget"]["steps"] == 3
+    assert 0 < saved["cpu_seconds"] and math.isfinite(saved["cpu_seconds"])
     log = (out / "log.txt").read_text().splitlines()
     assert sum(line.startswith("[") for line in log) == 3  # one progress line per run
     assert (out / "loss_study.png").stat().st_size > 0
