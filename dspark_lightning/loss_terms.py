@@ -22,7 +22,8 @@ point; with S = 1 (and q = p) every term but ``ce`` is 0 with zero gradient.
 
 ``nla`` and ``lk_hybrid`` follow Samarin et al., "LK Losses: Direct Acceptance Rate Optimization for Speculative
 Decoding" (arXiv:2602.23881): the clamp of α inside the log (value and gradient of −log clamp_min(α, ε)) and the
-stop-gradient on α in the hybrid weight are part of their definitions there.
+stop-gradient on α in the hybrid weight are part of their definitions there; η = 3 is the paper's default, ε = 1e-6
+is this framework's default (both are model options: ``model.lk_eta``, ``model.nla_alpha_min``).
 
 Logit gradients (z ↦ q = softmax z): a term f(q) with ∂f/∂q = h has ∂f/∂z = q ⊙ (h − Σ_v q_v h_v). With spec weights
 w and per-row c_kl = w_kl + w_lk·λ, c_tv = w_tv + w_nla·[α ≥ ε]/max(α, ε) + w_lk·(1 − λ) the whole gradient is
@@ -124,7 +125,7 @@ def chunk_terms(
     if lam is not None:
         values[6] = lam * values[0] + (1.0 - lam) * values[1]
     if "nla" in weights:
-        values[5] = -torch.log(alpha.clamp_min(nla_alpha_min))
+        values[5] = -torch.log(alpha.clamp_min(nla_alpha_min))  # the published form: α clamped inside the log
     # element terms h of rkl/js, combined into one temporary: H = w_rkl·(log q − log p) + w_js·½(log q − log m)
     H = None
     if "rkl" in weights:
@@ -190,7 +191,7 @@ def reference_terms(
     kl = torch.where(p > 0, p * (lp - logq), torch.zeros_like(p)).sum(-1)
     tv = 1.0 - alpha
     log_m = torch.logaddexp(lp, logq) - LOG2
-    lam = torch.exp(-lk_eta * alpha.detach())
+    lam = torch.exp(-lk_eta * alpha.detach())  # λ = exp(−η·sg[α]), stop-gradient as published
     per = {
         "kl": kl,
         "tv": tv,
