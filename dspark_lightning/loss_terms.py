@@ -157,9 +157,11 @@ def chunk_terms(
         c_tv += w["nla"] * torch.where(alpha >= nla_alpha_min, 1.0 / alpha.clamp_min(nla_alpha_min), 0.0)
     a = torch.full((rows,), w["ce"], dtype=q.dtype, device=q.device)
     qm = None
-    if (c_kl != 0).any():
+    use_kl = bool(w["kl"] or w["lk_hybrid"])  # decided from the spec, not the data: no device sync per chunk
+    use_tv = bool(w["tv"] or w["nla"] or w["lk_hybrid"])
+    if use_kl:
         a += c_kl * p.sum(-1)
-    if (c_tv != 0).any():
+    if use_tv:
         m = (q < p).to(torch.bfloat16).add_((q == p).to(torch.bfloat16), alpha=0.5)  # exact: 0, ½, 1
         qm = q * m
         del m
@@ -170,7 +172,7 @@ def chunk_terms(
         a -= w["js"] * js_q
     g = q.mul_(a[:, None] if H is None else H.add_(a[:, None]))
     del H
-    if (c_kl != 0).any():
+    if use_kl:
         g.sub_(p.mul_(c_kl[:, None]))
     del p
     if qm is not None:
