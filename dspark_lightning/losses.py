@@ -1,16 +1,15 @@
-"""Draft-model losses: KL, TV and CE against the target, position weights, D-PACE, confidence BCE.
+"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.loss_terms`, confidence BCE.
 
 Conventions (docs/losses.md §1). Rows are the N = (#blocks)·B draft predictions, flattened or shaped ``[Nb, B]``.
-``draft_logits[..., Vd]`` may be any float dtype (bf16 included); the teacher is ``teacher_logprobs[..., Vd]``, the
-target's log-softmax over its *full* vocabulary gathered at the draft vocabulary ids, so when Vd < V the teacher
-p = exp(teacher_logprobs) is sub-normalised (Σp ≤ 1). q = softmax(draft_logits).
+``draft_logits[..., Vd]`` may be any float dtype (bf16 included); the teacher is ``teacher_logprobs[..., Vd]``, the target's log-softmax over its *full*
+vocabulary gathered at the draft vocabulary ids, so when Vd < V the teacher p = exp(teacher_logprobs) is
+sub-normalised (Σp ≤ 1). q = softmax(draft_logits); α = Σ_v min(p_v, q_v) is the probability that a draft token
+sampled from q is accepted by the target.
 
-* α = Σ_v min(p_v, q_v), the probability that a draft token sampled from q is accepted by the target.
-* ``tv`` = 1 − α (= ½Σ|p − q| when both are normalised; stays the right quantity for a sub-normalised p).
-* ``kl`` = Σ_v p_v (log p_v − log q_v) (terms with p_v = 0 are 0).
-* ``ce`` = −log q[argmax_v p_v] (hard target = the teacher's argmax, first index on ties).
-
-A loss spec is a dict such as ``{"ce": 0.1, "tv": 0.9}``. The total is a weighted masked mean over rows:
+Terms (definitions, sub-normalised behaviour and gradients in :mod:`dspark_lightning.loss_terms`): ``kl`` (forward
+KL), ``tv`` (1 − α), ``ce`` (to the teacher's argmax), ``rkl`` (reverse KL), ``js`` (Jensen-Shannon), ``nla``
+(negative log-acceptance −log α), ``lk_hybrid`` (λ·kl + (1 − λ)·tv, λ = exp(−η·sg[α])). A loss spec is a dict such
+as ``{"ce": 0.1, "tv": 0.9}`` or ``{"lk_hybrid": 1.0, "ce": 0.1}``. The total is a weighted masked mean over rows:
 ``loss = Σ_r W_r·L_r / Σ_r W_r`` with W_r = row_weight_r·valid_r (times the D-PACE weight when used) and
 L_r = Σ_c spec[c]·L_c,r; when Σ W = 0 the loss is 0, still connected to the logits so that backward works.
 
@@ -18,34 +17,15 @@ Memory. :func:`compound_loss` is a custom ``torch.autograd.Function``: its forwa
 (fp64 for fp64 logits) each chunk's loss values *and* the analytic gradient of the weighted loss w.r.t. that chunk's
 logits, and writes the gradient, in the logits' dtype, into one preallocated ``[N, Vd]`` buffer. Backward scales that
 buffer by ``grad_output`` in place and returns it, so the peak extra memory is one logits-dtype ``[N, Vd]`` tensor plus
-O(chunk·Vd) fp32 temporaries; the logits and the teacher need not stay alive until backward. Under ``no_grad`` no
-buffer is allocated. Analytic gradients w.r.t. the logits z (q = softmax z, S = Σ_v p_v):
-
-* kl: q·S − p
-* ce: q − onehot(argmax p)
-* tv: −(q ⊙ m − q·Σ_v m_v q_v) with m_v = 1 if q_v < p_v, ½ if q_v = p_v, 0 otherwise. Tie convention: at q_v = p_v
-  min(p_v, q_v) has a kink; like ``torch.minimum``'s autograd we give each argument half the gradient, so the chunked
-  loss and the autograd reference agree exactly, and a perfect draft (q = p, Σp = 1) gets a zero gradient.
+O(chunk·Vd) fp32 temporaries (no more for any single term than for the default spec; rkl/js combined with
+the min-based terms add one); the logits and the teacher need not stay alive until
+backward. Under ``no_grad`` no buffer is allocated.
 
 Because the buffer is consumed in place, a graph built by :func:`compound_loss` can be back-propagated once; pass
 ``retain_grad_buffer=True`` for repeated backward (``retain_graph=True``, ``gradcheck``) at the cost of one more
 ``[N, Vd]`` tensor during backward. Double backward is not supported. The teacher gets no gradient.
 
-Position weights (:func:`position_weights`): ``exp`` w_k = exp(−k/γ) when ``sample_from_anchor`` (all B slots are
-trained); in the DFlash form slot 0 is the untrained bonus token: w_0 = 0 and w_k = exp(−(k−1)/γ). ``uniform``: ones
-(slot 0 zero in the DFlash form). ``dpace``: the same static 0/1 slot mask as ``uniform``; the dynamic part is
-computed inside the loss (``weight_scheme="dpace"``), because it needs the current α.
-
-D-PACE (Wu et al., "D-PACE: Dynamic Position-Aware Cross-Entropy for Parallel Speculative Drafting",
-arXiv:2605.18810; reference code github.com/Lucas-TY/D-PACE). The expected accepted length of a block is surrogated by
-L = Σ_m Π_{j≤m} a_j with a smoothed per-slot acceptance a_j = (1 − λ)·s_j + λ (λ = ``dpace_smoothing``, 0.5 in the
-paper). Since ∂L/∂log a_k = Σ_{m≥k} Π_{j≤m} a_j, slot k's loss is weighted by that suffix sum of prefix products,
-detached: w_k = Σ_{m≥k, m trained} Π_{j≤m} a_j, where untrained/invalid slots count as 1 inside the products and 0
-in the sums (as in the reference code). The paper's s_j is the draft probability of the data token; with a teacher
-distribution available, the matching quantity is the acceptance probability α_j = Σ min(p, q), so we use the detached
-α of the current batch. We normalise the weights to mean 1 over trained slots (a constant factor that the masked mean
-removes anyway; the reference divides by the batch size instead), so only the relative weighting across slots — which
-is what D-PACE defines — matters, and loss magnitudes stay comparable with the static schemes.
+Position weights and D-PACE live in :mod:`dspark_lightning.loss_weights` (re-exported here).
 """
 
 from __future__ import annotations
@@ -56,10 +36,20 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-LOSS_NAMES = ("kl", "tv", "ce")
-WEIGHT_SCHEMES = ("exp", "uniform", "dpace")
+from dspark_lightning.loss_terms import (
+    DEFAULT_LK_ETA,
+    DEFAULT_NLA_ALPHA_MIN,
+    LOSS_NAMES,
+    chunk_terms,
+    reference_terms,
+    validate_loss_options,
+    validate_spec,
+)
+from dspark_lightning.loss_weights import WEIGHT_SCHEMES, dpace_weights, position_weights, row_weights_for_blocks
 
 __all__ = [
+    "DEFAULT_LK_ETA",
+    "DEFAULT_NLA_ALPHA_MIN",
     "LOSS_NAMES",
     "WEIGHT_SCHEMES",
     "LossOutput",
@@ -69,6 +59,7 @@ __all__ = [
     "dpace_weights",
     "position_weights",
     "row_weights_for_blocks",
+    "validate_loss_options",
     "validate_spec",
 ]
 
@@ -87,77 +78,7 @@ class LossOutput:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# specs and weights
-
-
-def validate_spec(spec: dict[str, float]) -> dict[str, float]:
-    """Check a loss spec and return it as ``{name: float}`` in canonical order."""
-    if not isinstance(spec, dict) or not spec:
-        raise ValueError(f"loss spec must be a non-empty dict like {{'ce': 0.1, 'tv': 0.9}}; got {spec!r}")
-    out: dict[str, float] = {}
-    for name, weight in spec.items():
-        if name not in LOSS_NAMES:
-            raise ValueError(f"unknown loss {name!r} in spec; allowed: {', '.join(LOSS_NAMES)}")
-        w = float(weight)
-        if not math.isfinite(w) or w < 0:
-            raise ValueError(f"loss weight for {name!r} must be finite and >= 0; got {weight!r}")
-        out[name] = w
-    if not any(w > 0 for w in out.values()):
-        raise ValueError(f"loss spec needs at least one positive weight; got {spec!r}")
-    return {name: out[name] for name in LOSS_NAMES if name in out}
-
-
-def position_weights(
-    block_size: int,
-    *,
-    scheme: str = "exp",
-    gamma: float = 4.0,
-    sample_from_anchor: bool = True,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    """Static per-slot weights ``[block_size]`` (see the module docstring for the two anchor conventions)."""
-    if int(block_size) != block_size or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
-    if scheme not in WEIGHT_SCHEMES:
-        raise ValueError(f"unknown position weight scheme {scheme!r}; allowed: {', '.join(WEIGHT_SCHEMES)}")
-    k = torch.arange(block_size, dtype=torch.float64)
-    if scheme == "exp":
-        if not gamma > 0:
-            raise ValueError(f"gamma must be > 0 for the exp scheme; got {gamma!r}")
-        w = torch.exp(-k / gamma) if sample_from_anchor else torch.exp(-(k - 1).clamp_min(0) / gamma)
-    else:  # uniform, and the static part of dpace
-        w = torch.ones(block_size, dtype=torch.float64)
-    if not sample_from_anchor:
-        w[0] = 0.0
-    return w.to(dtype=dtype, device=device)
-
-
-def row_weights_for_blocks(num_blocks: int, block_size: int, **kwargs) -> torch.Tensor:
-    """:func:`position_weights` tiled over ``num_blocks`` blocks: ``[num_blocks·block_size]`` rows."""
-    return position_weights(block_size, **kwargs).repeat(num_blocks)
-
-
-def dpace_weights(
-    alpha: torch.Tensor, trained: torch.Tensor, *, smoothing: float = 0.5, normalize: bool = True
-) -> torch.Tensor:
-    """D-PACE weights ``[Nb, B]`` from per-slot acceptance ``alpha[Nb, B]`` and the trained-slot mask.
-
-    w_k = Σ_{m≥k, trained} Π_{j≤m} a_j with a_j = (1−λ)·α_j + λ (1 for untrained slots), 0 on untrained slots,
-    normalised to mean 1 over trained slots when ``normalize``. Computed without gradient.
-    """
-    if not 0.0 <= smoothing <= 1.0:
-        raise ValueError(f"dpace smoothing must be in [0, 1]; got {smoothing!r}")
-    with torch.no_grad():
-        trained = trained.bool()
-        a = (1.0 - smoothing) * alpha.detach() + smoothing
-        a = torch.where(trained, a, torch.ones_like(a))
-        prefix = torch.cumprod(a, dim=-1) * trained
-        w = prefix.flip(-1).cumsum(-1).flip(-1) * trained
-        if normalize:
-            n = trained.sum()
-            w = w * (n.clamp_min(1) / w.sum().clamp_min(torch.finfo(w.dtype).tiny))
-        return w
+# inputs
 
 
 def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, weight_scheme):
@@ -208,11 +129,11 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
     """Forward: per-chunk values + analytic gradients into one buffer. Backward: buffer × grad_output."""
 
     @staticmethod
-    def forward(ctx, logits, teacher, static_w, spec_items, chunk_size, dpace_block, smoothing, need_grad, retain):
+    def forward(ctx, logits, teacher, static_w, spec_items, options, dpace_block, need_grad, retain):
+        chunk_size, smoothing, lk_eta, nla_alpha_min = options
         n, vd = logits.shape
         cd = _compute_dtype(logits)
         weights = dict(spec_items)
-        w_kl, w_tv, w_ce = (weights.get(k, 0.0) for k in LOSS_NAMES)
         static_w = static_w.to(cd)
         # Gradient rows are scaled by W_r/Σ W inside the loop for static weights; with D-PACE by the static weight
         # inside the loop and by the D-PACE weight/Σ W after it, once α is known.
@@ -228,45 +149,21 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
         t_arg = torch.empty(n, dtype=torch.long, device=logits.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            logq = torch.log_softmax(logits[s:e].to(cd), dim=-1)
-            d_arg[s:e] = logq.argmax(-1)
-            lp = teacher[s:e].to(cd)
-            t = lp.argmax(-1)
-            t_arg[s:e] = t
-            p = lp.exp()
-            del lp
-            q = logq.exp()
-            alpha[s:e] = torch.minimum(p, q).sum(-1)
-            if "kl" in weights:
-                values[0, s:e] = torch.special.xlogy(p, p).sum(-1) - torch.linalg.vecdot(p, logq)
-            values[1, s:e] = 1.0 - alpha[s:e]
-            values[2, s:e] = -logq.gather(-1, t[:, None]).squeeze(-1)
-            del logq
-            if not need_grad:
-                continue
-            # g = q·(w_kl·S + w_ce + w_tv·Σ m q) − w_kl·p − w_ce·onehot(t) − w_tv·(m ⊙ q)
-            coef = torch.full((e - s,), w_ce, dtype=cd, device=logits.device)
-            qm = None
-            if w_kl:
-                coef += w_kl * p.sum(-1)
-            if w_tv:
-                m = (q < p).to(torch.bfloat16).add_((q == p).to(torch.bfloat16), alpha=0.5)  # exact: 0, ½, 1
-                qm = q * m
-                del m
-                coef += w_tv * qm.sum(-1)
-            g = q.mul_(coef[:, None])
-            if w_kl:
-                g.sub_(p, alpha=w_kl)
-            del p
-            if w_tv:
-                g.sub_(qm, alpha=w_tv)
-                del qm
-            if w_ce:
-                g.scatter_add_(-1, t[:, None], torch.full((e - s, 1), -w_ce, dtype=cd, device=logits.device))
-            rw = grad_w[s:e, None]
-            g.mul_(rw).masked_fill_(rw == 0, 0.0)  # zero (not NaN) for rows outside the loss
-            buf[s:e] = g
-            del g
+            # the log-softmax is handed over without a name here, so chunk_terms can consume and free it
+            vals, alpha[s:e], d_arg[s:e], t_arg[s:e], g = chunk_terms(
+                torch.log_softmax(logits[s:e].to(cd), dim=-1),
+                teacher[s:e].to(cd),
+                weights,
+                lk_eta,
+                nla_alpha_min,
+                need_grad,
+            )
+            values[:, s:e] = vals
+            if need_grad:
+                rw = grad_w[s:e, None]
+                g.mul_(rw).masked_fill_(rw == 0, 0.0)  # zero (not NaN) for rows outside the loss
+                buf[s:e] = g
+                del g
         eff_w = static_w
         if dpace_block is not None:
             trained = (static_w > 0).view(-1, dpace_block)
@@ -274,7 +171,7 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
             eff_w = static_w * dw
         denom = eff_w.sum()
         inv = torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
-        row_loss = sum(w * values[i] for i, w in enumerate((w_kl, w_tv, w_ce)) if w)
+        row_loss = sum(w * values[LOSS_NAMES.index(k)] for k, w in weights.items() if w)
         valid = eff_w > 0
         loss = (torch.where(valid, row_loss, 0.0) * eff_w).sum() * inv
         comps = (torch.where(valid, values, 0.0) * eff_w).sum(-1) * inv
@@ -299,7 +196,7 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
         else:
             ctx.buf = None
             grad = buf.mul_(grad_loss)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def compound_loss(
@@ -313,6 +210,8 @@ def compound_loss(
     weight_scheme: str = "static",
     block_size: int | None = None,
     dpace_smoothing: float = 0.5,
+    lk_eta: float = DEFAULT_LK_ETA,
+    nla_alpha_min: float = DEFAULT_NLA_ALPHA_MIN,
     retain_grad_buffer: bool = False,
 ) -> LossOutput:
     """Weighted masked-mean compound loss, chunked over rows with an analytic-gradient custom Function.
@@ -325,14 +224,17 @@ def compound_loss(
             ``weight_scheme="dpace"`` they multiply the D-PACE weights: pass the 0/1 trained-slot mask
             (``position_weights(B, scheme="dpace", ...)``).
         valid_mask: per-row validity (bool or 0/1), one per row or broadcastable, or None for all valid.
-        spec: loss weights, e.g. ``{"ce": 0.1, "tv": 0.9}``.
+        spec: loss weights over ``LOSS_NAMES``, e.g. ``{"ce": 0.1, "tv": 0.9}`` or ``{"lk_hybrid": 1.0}``.
         chunk_size: rows per chunk; None picks one that keeps the fp32 temporaries small relative to the logits
             (≤ 2^23 elements per temporary and ≤ 1/32 of the logits, at least 2^20 elements).
         weight_scheme: ``"static"`` (row_weights as given) or ``"dpace"`` (times D-PACE weights from the detached α;
             needs ``block_size`` unless the logits are ``[Nb, B, Vd]``).
+        lk_eta: η of the ``lk_hybrid`` weight λ = exp(−η·sg[α]) (>= 0; 3 as in the LK paper).
+        nla_alpha_min: ε of ``nla`` = −log max(α, ε), in (0, 1).
         retain_grad_buffer: keep the gradient buffer so backward can run more than once.
     """
     spec = validate_spec(spec)
+    lk_eta, nla_alpha_min = validate_loss_options(lk_eta, nla_alpha_min)
     logits2d, teacher2d, static, lead, bsz = _flatten_inputs(
         draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, weight_scheme
     )
@@ -348,9 +250,8 @@ def compound_loss(
         teacher2d.detach(),
         static,
         tuple(spec.items()),
-        int(chunk_size),
+        (int(chunk_size), float(dpace_smoothing), lk_eta, nla_alpha_min),
         bsz if weight_scheme == "dpace" else None,
-        float(dpace_smoothing),
         need_grad,
         bool(retain_grad_buffer),
     )
@@ -377,26 +278,20 @@ def compound_loss_reference(
     weight_scheme: str = "static",
     block_size: int | None = None,
     dpace_smoothing: float = 0.5,
+    lk_eta: float = DEFAULT_LK_ETA,
+    nla_alpha_min: float = DEFAULT_NLA_ALPHA_MIN,
     retain_grad_buffer: bool = False,  # unused
 ) -> LossOutput:
     """Plain unchunked autograd implementation of :func:`compound_loss` (tests and benchmarks only)."""
     del chunk_size, retain_grad_buffer
     spec = validate_spec(spec)
+    lk_eta, nla_alpha_min = validate_loss_options(lk_eta, nla_alpha_min)
     z, lp, static, lead, bsz = _flatten_inputs(
         draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, weight_scheme
     )
     cd = _compute_dtype(z)
     logq = torch.log_softmax(z.to(cd), dim=-1)
-    q = logq.exp()
-    lp = lp.detach().to(cd)
-    p = lp.exp()
-    t = lp.argmax(-1)
-    per = {
-        "kl": torch.where(p > 0, p * (lp - logq), torch.zeros_like(p)).sum(-1),
-        "tv": 1.0 - torch.minimum(p, q).sum(-1),
-        "ce": -logq.gather(-1, t[:, None]).squeeze(-1),
-    }
-    alpha = torch.minimum(p, q).sum(-1).detach()
+    per, alpha, t = reference_terms(logq, lp.detach().to(cd), lk_eta, nla_alpha_min)
     w = static.to(cd)
     if weight_scheme == "dpace":
         w = w * dpace_weights(alpha.view(-1, bsz), (w > 0).view(-1, bsz), smoothing=dpace_smoothing).reshape(-1)

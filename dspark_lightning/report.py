@@ -143,8 +143,14 @@ BUDGET_HELP = {
 }
 
 
-def train_and_evaluate(runs_dir: Path, head: str, block_size: int, budget: Budget) -> dict:
-    """Fit one variant through ``cli_main`` and measure it; returns one result row."""
+def train_and_evaluate(
+    runs_dir: Path, head: str, block_size: int, budget: Budget, extra: Sequence[str] = (), name: str | None = None
+) -> dict:
+    """Fit one variant through ``cli_main`` and measure it; returns one result row.
+
+    ``extra``: more ``fit`` arguments (e.g. a loss config and seeds, as ``dspark-lightning loss-study`` passes);
+    ``name``: the run's directory name under ``runs_dir`` (default ``<head>_b<B>``).
+    """
     from dspark_lightning.cli import cli_main
 
     args = demo_fit_args(
@@ -158,6 +164,8 @@ def train_and_evaluate(runs_dir: Path, head: str, block_size: int, budget: Budge
         val_samples=budget.val_samples,
         val_batches=budget.val_batches,
         eval_prompts=budget.num_prompts,
+        name=name,
+        extra=extra,
     )
     start = time.perf_counter()
     cli = cli_main(["fit", *args])

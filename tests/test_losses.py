@@ -13,7 +13,6 @@ from dspark_lightning.losses import (
     compound_loss,
     compound_loss_reference,
     confidence_loss,
-    dpace_weights,
     position_weights,
     row_weights_for_blocks,
     validate_spec,
@@ -59,52 +58,6 @@ def test_spec_validation():
     z, lp = make_case()
     with pytest.raises(ValueError, match="unknown loss"):
         compound_loss(z, lp, None, None, {"kld": 1.0})
-
-
-def test_position_weights_both_conventions():
-    w = position_weights(5, gamma=2.0)
-    assert torch.allclose(w, torch.tensor([math.exp(-k / 2.0) for k in range(5)]))
-    w = position_weights(5, gamma=2.0, sample_from_anchor=False)
-    assert torch.allclose(w, torch.tensor([0.0] + [math.exp(-(k - 1) / 2.0) for k in range(1, 5)]))
-    assert torch.equal(position_weights(4, scheme="uniform"), torch.ones(4))
-    assert torch.equal(position_weights(4, scheme="uniform", sample_from_anchor=False), torch.tensor([0.0, 1, 1, 1]))
-    assert torch.equal(position_weights(4, scheme="dpace", sample_from_anchor=False), torch.tensor([0.0, 1, 1, 1]))
-    assert torch.equal(
-        row_weights_for_blocks(3, 4, scheme="uniform", sample_from_anchor=False).view(3, 4)[:, 0], torch.zeros(3)
-    )
-    for kwargs in ({"scheme": "linear"}, {"gamma": 0.0}, {"gamma": -1.0}):
-        with pytest.raises(ValueError):
-            position_weights(4, **kwargs)
-    with pytest.raises(ValueError):
-        position_weights(0)
-
-
-def test_dpace_weights_brute_force():
-    g = torch.Generator().manual_seed(1)
-    alpha = torch.rand(4, 6, generator=g, dtype=torch.float64)
-    trained = torch.rand(4, 6, generator=g) > 0.25
-    trained[:, 0] = False  # DFlash form
-    lam = 0.3
-    w = dpace_weights(alpha, trained, smoothing=lam, normalize=False)
-    for i in range(4):
-        for k in range(6):
-            expect = 0.0
-            if trained[i, k]:
-                for m in range(k, 6):
-                    if trained[i, m]:
-                        prod = 1.0
-                        for j in range(m + 1):
-                            prod *= (1 - lam) * alpha[i, j].item() + lam if trained[i, j] else 1.0
-                        expect += prod
-            assert w[i, k].item() == pytest.approx(expect, rel=1e-12)
-    wn = dpace_weights(alpha, trained, smoothing=lam)
-    assert wn[trained].mean().item() == pytest.approx(1.0)
-    assert torch.allclose(wn / w.clamp_min(1e-30), (wn / w.clamp_min(1e-30))[trained][0].expand_as(w) * trained)
-    # earlier slots never get less weight than later ones in the same block (suffix sums of positive terms)
-    full = dpace_weights(alpha, torch.ones_like(trained))
-    assert (full[:, :-1] >= full[:, 1:]).all()
-    with pytest.raises(ValueError):
-        dpace_weights(alpha, trained, smoothing=1.5)
 
 
 # ---------------------------------------------------------------------------------------------------------- values
@@ -314,3 +267,186 @@ def test_confidence_loss_by_hand():
     zero = confidence_loss(z, torch.ones(2), None, torch.zeros(2, dtype=torch.bool))
     zero.backward()
     assert zero.item() == 0.0 and torch.equal(z.grad, torch.zeros(2))
+
+
+# ---------------------------------------------------------------------------------------------------------- rkl, js, nla, lk_hybrid
+NEW = ("rkl", "js", "nla", "lk_hybrid")
+FAMILY = {"kl": 0.1, "tv": 0.2, "ce": 0.1, "rkl": 0.2, "js": 0.3, "nla": 0.2, "lk_hybrid": 0.4}
+
+
+def independent_rows(z, lp, eta=3.0, eps=1e-6):
+    """Per-row values of the new terms, float64 autograd, written from the definitions (xlogy, explicit m = (p+q)/2,
+    min as a where) — not from the library's formulas."""
+    z, lp = z.double(), lp.double()
+    q, p = torch.softmax(z, -1), lp.exp()
+    alpha = torch.where(q < p, q, p).sum(-1)
+    kl = (torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).sum(-1)
+    m = 0.5 * (p + q)
+    lam = torch.exp(-eta * alpha.detach())
+    return {
+        "kl": kl,
+        "tv": 1 - alpha,
+        "ce": -torch.log(q.gather(-1, p.argmax(-1, keepdim=True)).squeeze(-1)),
+        "rkl": (torch.special.xlogy(q, q) - q * lp).sum(-1),
+        "js": 0.5 * (torch.special.xlogy(p, p / m) + torch.special.xlogy(q, q / m)).sum(-1),
+        "nla": -torch.log(torch.clamp(alpha, min=eps)),
+        "lk_hybrid": lam * kl + (1 - lam) * (1 - alpha),
+    }
+
+
+def independent_loss(z, lp, spec, w, **kw):
+    rows = independent_rows(z, lp, **kw)
+    total = sum(c * rows[k] for k, c in spec.items())
+    return (total * w).sum() / w.sum()
+
+
+@pytest.mark.parametrize("spec", [{k: 1.0} for k in NEW] + [{"lk_hybrid": 1.0, "ce": 0.1}, FAMILY])
+@pytest.mark.parametrize("v", [13, 21])  # normalised teacher, sub-normalised teacher (Vd = 13 < V = 21)
+def test_new_terms_against_independent_autograd(spec, v):
+    z, lp = make_case(nb=3, b=4, vd=13, v=v, seed=11)
+    w = position_weights(4, gamma=2.0, dtype=torch.float64)
+    m = torch.tensor([[1, 1, 1, 1], [1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
+    out = compound_loss(z1, lp, w, m, spec, chunk_size=5)
+    (2.0 * out.loss).backward()
+    ref = independent_loss(z2, lp, spec, w.expand(3, 4) * m)
+    (2.0 * ref).backward()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(z1.grad, z2.grad, rtol=1e-9, atol=1e-12)
+    assert z1.grad[1, 1].abs().max() == 0  # masked row
+    rows = independent_rows(z, lp)
+    ww = w.expand(3, 4) * m
+    for k in spec:  # every reported component is its own weighted mean
+        assert out.components[k].item() == pytest.approx(((rows[k] * ww).sum() / ww.sum()).item(), rel=1e-6)
+    r = compound_loss_reference(z, lp, w, m, spec)  # the library's autograd reference agrees too
+    torch.testing.assert_close(r.loss, out.loss, rtol=1e-10, atol=1e-12)
+
+
+def test_new_terms_gradcheck():
+    z, lp = make_case(nb=2, b=3, vd=6, v=9, seed=4)  # sub-normalised teacher
+    w = torch.tensor([1.0, 0.6, 0.3], dtype=torch.float64)
+    # lk_hybrid's λ and D-PACE's weights are stop-gradient functions of α, which finite differences cannot respect:
+    # the hybrid is checked at η = 0 here, and against autograd with sg[α] above
+    spec = {k: v for k, v in FAMILY.items()}
+
+    def f(x):
+        return compound_loss(x, lp, w, None, spec, 4, lk_eta=0.0, retain_grad_buffer=True).loss
+
+    assert torch.autograd.gradcheck(f, (z.clone().requires_grad_(),))
+
+
+def grad_of(z, lp, spec, **kw):
+    zz = z.clone().requires_grad_()
+    out = compound_loss(zz, lp, None, None, spec, **kw)
+    out.loss.backward()
+    return out, zz.grad
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_perfect_draft_zero_loss_and_gradient(name):
+    z, _ = make_case(nb=2, b=4, vd=30)
+    out, g = grad_of(z, torch.log_softmax(z, -1), {name: 1.0})
+    assert abs(out.loss.item()) < 1e-12 and g.abs().max().item() < 1e-12
+
+
+def test_renormalised_teacher_is_stationary_for_sub_normalised_p():
+    z, lp = make_case(nb=2, b=3, vd=10, v=25, seed=2)
+    s = lp.exp().sum(-1)
+    assert (s < 0.9).all()
+    zs = lp.clone()  # softmax(lp) = p / S
+    for name in ("kl", "tv", *NEW):
+        _, g = grad_of(zs, lp, {name: 1.0})
+        assert g.abs().max().item() < 1e-12, name
+    # minimum values from the definitions: rkl = nla = −log S, tv = 1 − S, js = ½[S log(2S/(1+S)) + log(2/(1+S))]
+    out = compound_loss(zs, lp, None, None, {"rkl": 1.0, "nla": 1.0, "tv": 1.0, "js": 1.0})
+    js = 0.5 * (s * torch.log(2 * s / (1 + s)) + torch.log(2 / (1 + s)))
+    assert out.components["rkl"].item() == pytest.approx(-s.log().mean().item(), rel=1e-6)
+    assert out.components["nla"].item() == pytest.approx(-s.log().mean().item(), rel=1e-6)
+    assert out.components["tv"].item() == pytest.approx((1 - s).mean().item(), rel=1e-6)
+    assert out.components["js"].item() == pytest.approx(js.mean().item(), rel=1e-6)
+    assert (js > 0).all()
+
+
+@pytest.mark.parametrize("floor", [float("-inf"), -40.0])  # exact point mass, and one with a tiny floor
+def test_point_mass_teacher_nla_equals_ce(floor):
+    z, _ = make_case(nb=3, b=4, vd=17, seed=9)
+    t = torch.randint(17, (3, 4), generator=torch.Generator().manual_seed(0))
+    lp = torch.full_like(z, floor).scatter(-1, t[..., None], 0.0)
+    if floor > float("-inf"):
+        lp = torch.log_softmax(lp, -1)
+    a, ga = grad_of(z, lp, {"nla": 1.0})
+    c, gc = grad_of(z, lp, {"ce": 1.0})
+    torch.testing.assert_close(a.loss, c.loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ga, gc, rtol=1e-9, atol=1e-12)
+
+
+def test_nla_gradient_is_tv_gradient_over_alpha_and_clamped_below_eps():
+    z, lp = make_case(nb=1, b=1, vd=20, v=30, seed=6)
+    nla, g_nla = grad_of(z, lp, {"nla": 1.0})
+    _, g_tv = grad_of(z, lp, {"tv": 1.0})
+    torch.testing.assert_close(g_nla * nla.alpha.item(), g_tv, rtol=1e-10, atol=1e-14)
+    # a row with α < ε: value −log ε, no gradient (the clamp is active)
+    eps = nla.alpha.item() * 2
+    out, g = grad_of(z, lp, {"nla": 1.0}, nla_alpha_min=eps)
+    assert out.loss.item() == pytest.approx(-math.log(eps)) and g.abs().max().item() == 0
+
+
+def test_lk_hybrid_limits_in_eta():
+    z, lp = make_case(nb=2, b=4, vd=15, v=20, seed=8)
+    kl, g_kl = grad_of(z, lp, {"kl": 1.0})
+    tv, g_tv = grad_of(z, lp, {"tv": 1.0})
+    h0, g0 = grad_of(z, lp, {"lk_hybrid": 1.0}, lk_eta=0.0)
+    torch.testing.assert_close(h0.loss, kl.loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(g0, g_kl, rtol=1e-12, atol=1e-14)
+    assert tv.alpha.min().item() > 0.05  # exp(−1e4·α) underflows to 0 below
+    hinf, ginf = grad_of(z, lp, {"lk_hybrid": 1.0}, lk_eta=1e4)
+    torch.testing.assert_close(hinf.loss, tv.loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(ginf, g_tv, rtol=1e-12, atol=1e-14)
+    h3 = compound_loss(z, lp, None, None, {"lk_hybrid": 1.0})  # default η = 3, between the two
+    lo, hi = sorted((kl.loss.item(), tv.loss.item()))
+    assert lo < h3.loss.item() < hi
+
+
+def test_js_bounded_with_finite_gradients_at_extremes():
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(4, 12, generator=g, dtype=torch.float64)
+    z[0, :6] = -800.0  # q_v ≈ 0 on half the vocab (exp underflows to exactly 0)
+    lp = torch.log_softmax(torch.randn(4, 12, generator=g, dtype=torch.float64), -1)
+    lp[1, 6:] = -800.0  # p_v ≈ 0
+    first = torch.arange(12) < 6
+    lp[2] = torch.log_softmax(torch.where(first, 0.0, -800.0).double(), -1)  # disjoint supports: js = log 2
+    z[2] = torch.where(first, -800.0, 0.0).double()
+    lp[3, 6:] = float("-inf")
+    out, grad = grad_of(z, lp, {"js": 1.0})
+    rows = independent_rows(z, lp)["js"]
+    assert torch.isfinite(grad).all() and (rows >= 0).all() and (rows <= math.log(2) + 1e-12).all()
+    assert rows[2].item() == pytest.approx(math.log(2), rel=1e-12)
+    assert out.loss.item() == pytest.approx(rows.mean().item(), rel=1e-12)
+
+
+def test_new_terms_bf16_logits():
+    z, lp = make_case(nb=4, b=4, vd=301, v=400, dtype=torch.float32, seed=5)
+    spec = {"rkl": 0.3, "js": 0.3, "nla": 0.2, "lk_hybrid": 0.2}
+    zb = z.bfloat16().requires_grad_()
+    a = compound_loss(zb, lp.bfloat16(), None, None, spec, chunk_size=7)
+    a.loss.backward()
+    assert zb.grad.dtype == torch.bfloat16 and torch.isfinite(zb.grad.float()).all()
+    z64 = z.bfloat16().double().requires_grad_()  # the same bf16 inputs, float64 independent reference
+    ref = independent_loss(z64, lp.bfloat16().double(), spec, torch.ones(4, 4, dtype=torch.float64))
+    ref.backward()
+    torch.testing.assert_close(a.loss.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(zb.grad.double(), z64.grad, rtol=1e-2, atol=1e-5)
+
+
+def test_bad_options_name_the_option():
+    z, lp = make_case()
+    with pytest.raises(ValueError, match=r"'jsd'.*rkl, js, nla, lk_hybrid"):
+        compound_loss(z, lp, None, None, {"jsd": 1.0})
+    with pytest.raises(ValueError, match="'lk_hybrid'.*>= 0"):
+        compound_loss(z, lp, None, None, {"lk_hybrid": -1.0})
+    for eta in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="lk_eta"):
+            compound_loss(z, lp, None, None, {"lk_hybrid": 1.0}, lk_eta=eta)
+    for eps in (0.0, 1.0, -1e-3):
+        with pytest.raises(ValueError, match="nla_alpha_min"):
+            compound_loss_reference(z, lp, None, None, {"nla": 1.0}, nla_alpha_min=eps)

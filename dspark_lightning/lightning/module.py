@@ -39,7 +39,15 @@ import torchmetrics
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
+from dspark_lightning.losses import (
+    DEFAULT_LK_ETA,
+    DEFAULT_NLA_ALPHA_MIN,
+    compound_loss,
+    confidence_loss,
+    position_weights,
+    validate_loss_options,
+    validate_spec,
+)
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 from dspark_lightning.models.backbone import (
@@ -112,6 +120,8 @@ class DSparkModule(L.LightningModule):
         loss: dict[str, float] | None = None,
         position_weighting: str = "exp",
         gamma: float = 4.0,
+        lk_eta: float = DEFAULT_LK_ETA,
+        nla_alpha_min: float = DEFAULT_NLA_ALPHA_MIN,
         loss_chunk_size: int | None = None,
         candidate_loss_weight: float = 0.0,
         candidate_k: int = 16,
@@ -149,9 +159,12 @@ class DSparkModule(L.LightningModule):
             confidence_head: attach the per-slot acceptance predictor.
             confidence_with_markov: feed the Markov previous-token embedding to the confidence head.
             confidence_alpha: weight of the confidence BCE term.
-            loss: compound loss weights over ``kl``, ``tv``, ``ce``; default ``{"ce": 0.1, "tv": 0.9}``.
+            loss: compound loss weights over ``kl``, ``tv``, ``ce``, ``rkl``, ``js``, ``nla``, ``lk_hybrid``
+                (``dspark_lightning.loss_terms``); default ``{"ce": 0.1, "tv": 0.9}``.
             position_weighting: ``exp`` (exp(-k/gamma)), ``uniform`` or ``dpace``.
             gamma: decay of the ``exp`` position weights.
+            lk_eta: eta of the ``lk_hybrid`` weight lambda = exp(-eta * sg[alpha]) (>= 0; 0 = pure KL).
+            nla_alpha_min: clamp eps of ``nla`` = -log max(alpha, eps), in (0, 1).
             loss_chunk_size: rows per loss chunk (None = automatic).
             candidate_loss_weight: weight of the Selector candidate loss (DFlash-2 training); 0 = off.
             candidate_k: candidates per slot for the candidate loss and its recall metric.
@@ -174,7 +187,9 @@ class DSparkModule(L.LightningModule):
         self.save_hyperparameters(ignore=["optimizer", "scheduler", "markov_head"])
         # plain-dict form, so checkpoints load with torch.load(weights_only=True) and load_from_checkpoint works
         self.hparams["markov_head"] = markov_config_to_dict(markov_head)
-        self.loss_spec = dict(loss or {"ce": 0.1, "tv": 0.9})
+        # bad specs and options fail here, before the target is loaded
+        self.loss_spec = validate_spec(dict(loss or {"ce": 0.1, "tv": 0.9}))
+        validate_loss_options(lk_eta, nla_alpha_min)
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.strict_loading = False
@@ -331,6 +346,8 @@ class DSparkModule(L.LightningModule):
             hp.loss_chunk_size,
             weight_scheme=scheme,
             block_size=B,
+            lk_eta=hp.lk_eta,
+            nla_alpha_min=hp.nla_alpha_min,
         )
         total = loss_out.loss
         losses = {f"loss_{name}": value for name, value in loss_out.components.items()}

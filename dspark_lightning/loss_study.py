@@ -1,0 +1,379 @@
+"""``dspark-lightning loss-study``: train the same head with each drafter loss, over several seeds, and compare.
+
+    dspark-lightning loss-study --output reports/loss_study                      # the committed study
+    dspark-lightning loss-study --output /tmp/s --losses kl nla --seeds 0 --steps 4   # a quick look
+
+Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``
+trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluate` (same budget, data and measuring
+code as ``dspark-lightning report``), with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so
+seeds change the initialisation, the anchors and the data order. After the listed losses, the one with the highest
+mean teacher-forced tau is trained once more with D-PACE position weighting (``--model.position_weighting dpace``).
+
+Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
+rate per slot of real greedy speculative decoding with the target. Per loss: mean and sample standard deviation over
+seeds. Significance rule (stated in the report): a difference of means between two losses counts as significant only
+when it exceeds the sum of their seed standard deviations; with one seed nothing is called significant.
+
+Writes ``report.md``, ``results.json`` (every run and every aggregate), ``loss_study.png`` and ``log.txt`` (the
+progress log) into ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from dspark_lightning.analysis import REPO_ROOT, quieted
+from dspark_lightning.report import BUDGET_HELP, Budget, train_and_evaluate
+
+LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
+    "kl": "kl",
+    "tv": "tv",
+    "ce+tv": "ce_tv",
+    "rkl": "rkl",
+    "js": "js",
+    "nla": "nla",
+    "lk_hybrid": "lk_hybrid",
+}
+DEFAULT_LOSSES = ("kl", "tv", "ce+tv", "js", "nla", "lk_hybrid")
+BASELINE = "ce+tv"  # today's default loss
+METRICS = ("teacher_tau", "teacher_greedy_tau", "measured_tau")
+
+
+def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
+    """The ``fit`` arguments that select the loss (its config file), the seed and, optionally, D-PACE weighting."""
+    if loss not in LOSS_CONFIGS:
+        raise ValueError(f"unknown loss {loss!r} for the study; choose from {', '.join(LOSS_CONFIGS)}")
+    args = [
+        f"--config={REPO_ROOT / 'configs/losses' / LOSS_CONFIGS[loss]}.yaml",
+        f"--seed_everything={seed}",
+        f"--model.seed={seed}",
+        f"--data.seed={seed}",
+    ]
+    return args + (["--model.position_weighting=dpace"] if dpace else [])
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _slot_mean(curves: Sequence[Sequence[float]]) -> list[float]:
+    out = []
+    for column in zip(*curves):
+        finite = [v for v in column if v is not None and not math.isnan(v)]
+        out.append(statistics.fmean(finite) if finite else math.nan)
+    return out
+
+
+def aggregate(label: str, runs: list[dict]) -> dict:
+    """Mean and seed standard deviation of every headline number of one loss."""
+    out: dict = {"label": label, "seeds": [r["seed"] for r in runs], "n": len(runs)}
+    for key in METRICS:
+        out[key], out[f"{key}_std"] = _mean_std([r[key] for r in runs])
+    out["accept_rate_per_slot"] = _slot_mean([r["accept_rate_per_slot"] for r in runs])
+    out["measured_accepted_per_slot"] = _slot_mean([r["measured_accepted_per_slot"] for r in runs])
+    out["fit_seconds"] = sum(r["fit_seconds"] for r in runs)
+    return out
+
+
+def significance(a: dict, b: dict, key: str) -> dict:
+    """Difference of means a − b and whether it exceeds the sum of the two seed standard deviations."""
+    delta = a[key] - b[key]
+    spread = a[f"{key}_std"] + b[f"{key}_std"]
+    significant = min(a["n"], b["n"]) > 1 and abs(delta) > spread
+    return {"delta": delta, "spread": spread, "significant": bool(significant)}
+
+
+def _clean(x):
+    """NaN -> None so that results.json is strict JSON."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _pm(mean: float, std: float, n: int) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
+
+
+def plot_study(groups: list[dict], output: Path) -> str:
+    """loss_study.png: tau per loss (error bars = seed std) and acceptance per slot, teacher-forced and measured
+    (the measured rate of slot k is conditional on slots < k having been accepted)."""
+    import matplotlib.pyplot as plt
+
+    from dspark_lightning import plotting
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    ax = axes[0]
+    xs = range(len(groups))
+    series = (
+        ("teacher_tau", "teacher-forced tau"),
+        ("teacher_greedy_tau", "TF greedy tau"),
+        ("measured_tau", "measured tau"),
+    )
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        ax.bar(
+            [x + (i - (len(series) - 1) / 2) * width for x in xs],
+            [g[key] for g in groups],
+            width=width,
+            yerr=[g[f"{key}_std"] for g in groups],
+            capsize=2,
+            label=name,
+        )
+    ax.set_xticks(list(xs), [g["label"] for g in groups], rotation=30, ha="right")
+    low = min(g[key] for g in groups for key, _ in series)
+    high = max(g[key] for g in groups for key, _ in series)
+    ax.set(ylabel="tokens per target forward", title="tau per loss (mean ± seed std)")
+    ax.set_ylim(max(0.0, low - 0.15), high + 0.3)  # head room for the legend
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    for ax, key, title in (
+        (axes[1], "accept_rate_per_slot", "teacher-forced acceptance per slot"),
+        (axes[2], "measured_accepted_per_slot", "measured accept rate, earlier slots accepted"),
+    ):
+        for g in groups:
+            ax.plot(range(len(g[key])), g[key], marker="o", ms=3, label=g["label"])
+        ax.set(title=title + ", seed mean", xlabel="draft slot k", ylabel="rate", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    return Path(plotting.save(fig, output / "loss_study.png")).name
+
+
+def markdown_report(study: dict, plot: str) -> str:
+    groups, budget = study["groups"], study["budget"]
+    base = next((g for g in groups if g["label"] == BASELINE), None)
+    lines = [
+        "# Drafter losses on the demo target",
+        "",
+        f"Made by `{study['command']}` in {study['seconds'] / 60:.1f} min wall clock"
+        + (f", {study['cpu_seconds'] / 60:.1f} min CPU" if study.get("cpu_seconds") else "")
+        + f" (torch {torch.__version__}, one thread, CPU). Every run: `configs/quickstart.yaml` + `configs/heads/{study['head']}.yaml` + "
+        f"`configs/losses/<loss>.yaml`, B = {study['block_size']}, {budget['steps']} steps of "
+        f"{budget['batch_size']} packed rows x {budget['seq_len']} tokens, {budget['max_anchors']} anchors per row, "
+        f"seeds {study['seeds']} (initialisation, anchors and data order); validation on the first "
+        f"{budget['val_samples']} validation conversations; measured decoding on {budget['num_prompts']} eval "
+        f"prompts x {budget['max_new_tokens']} new tokens. `+dpace` is the loss with the best mean teacher-forced "
+        "tau retrained with D-PACE position weights.",
+        "",
+        "Significance rule: a difference of means counts as significant only when it exceeds the sum of the two "
+        "seed standard deviations (sample std over seeds); with one seed nothing is significant. "
+        f"Δ columns compare with `{BASELINE}` (today's default).",
+        "",
+        "Teacher-forced tau uses the sampling acceptance α = Σ min(p, q) per slot on ground-truth prefixes; "
+        "*TF greedy tau* counts leading slots whose draft argmax equals the target's; measured tau is real *greedy* "
+        "speculative decoding with the target, so it follows the greedy quantity.",
+        "",
+        *(
+            f"- best mean {name}: **{max(groups, key=lambda g: g[key])['label']}** ({max(g[key] for g in groups):.3f})"
+            for key, name in (
+                ("teacher_tau", "teacher-forced tau"),
+                ("teacher_greedy_tau", "TF greedy tau"),
+                ("measured_tau", "measured tau"),
+            )
+        ),
+        "",
+        "| loss | teacher-forced tau | Δ vs default | TF greedy tau | measured tau | Δ vs default | fit s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def delta(g, key):
+        if base is None or g is base:
+            return "—"
+        s = significance(g, base, key)
+        return f"{s['delta']:+.3f}{' (significant)' if s['significant'] else ''}"
+
+    for g in groups:
+        lines.append(
+            f"| {g['label']} | {_pm(g['teacher_tau'], g['teacher_tau_std'], g['n'])} | {delta(g, 'teacher_tau')} "
+            f"| {_pm(g['teacher_greedy_tau'], g['teacher_greedy_tau_std'], g['n'])} "
+            f"| {_pm(g['measured_tau'], g['measured_tau_std'], g['n'])} | {delta(g, 'measured_tau')} "
+            f"| {g['fit_seconds']:.0f} |"
+        )
+    width = len(groups[0]["accept_rate_per_slot"])
+    for key, title in (
+        ("accept_rate_per_slot", "Teacher-forced acceptance per slot (seed mean)"),
+        (
+            "measured_accepted_per_slot",
+            "Measured accepted rate per slot, given the slots before it were accepted (seed mean; '-' = never reached)",
+        ),
+    ):
+        lines += ["", f"{title}:", "", "| loss | " + " | ".join(f"k={k}" for k in range(width)) + " |"]
+        lines.append("|---|" + "---:|" * width)
+        for g in groups:
+            cells = ["-" if math.isnan(v) else f"{v:.2f}" for v in g[key]]
+            lines.append(f"| {g['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "Pairs whose difference is significant under the rule:", ""]
+    pairs = [
+        f"- {a['label']} vs {b['label']}: {key} {s['delta']:+.3f} (spread {s['spread']:.3f})"
+        for key in ("teacher_tau", "measured_tau")
+        for i, a in enumerate(groups)
+        for b in groups[i + 1 :]
+        if (s := significance(a, b, key))["significant"]
+    ]
+    lines += pairs or ["- none"]
+    lines += ["", f"![loss study]({plot})", ""]
+    return "\n".join(lines)
+
+
+def run_study(
+    output: str | Path,
+    losses: Sequence[str] = DEFAULT_LOSSES,
+    seeds: Sequence[int] = (0, 1),
+    budget: Budget | None = None,
+    *,
+    head: str = "vanilla",
+    block_size: int = 8,
+    dpace: bool = True,
+    runs_dir: str | Path | None = None,
+    command: str = "dspark-lightning loss-study",
+) -> dict:
+    """Train every (loss, seed), then the best loss with D-PACE; write the study into ``output``; return it."""
+    budget = budget or Budget()
+    for loss in losses:
+        loss_fit_args(loss, 0)  # unknown names fail before any training
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    log_file = output / "log.txt"
+    log_file.write_text("")
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+        with log_file.open("a") as f:
+            f.write(message + "\n")
+
+    keep = runs_dir is not None
+    runs_root = Path(runs_dir) if keep else Path(tempfile.mkdtemp(prefix="dspark-loss-study-"))
+    start, cpu_start = time.perf_counter(), time.process_time()
+    runs: list[dict] = []
+    total = len(losses) * len(seeds) + (len(seeds) if dpace else 0)
+
+    def train(label: str, loss: str, seed: int, with_dpace: bool) -> dict:
+        name = f"{label.replace('+', '_')}_s{seed}"
+        row = train_and_evaluate(runs_root, head, block_size, budget, loss_fit_args(loss, seed, with_dpace), name)
+        row.update(label=label, loss=loss, seed=seed, dpace=with_dpace)
+        row["run_dir"] = row["run_dir"] if keep else None
+        runs.append(row)
+        log(
+            f"[{len(runs)}/{total}] {label:14s} seed {seed} fit {row['fit_seconds']:.0f}s eval "
+            f"{row['eval_seconds']:.0f}s | teacher-forced tau {row['teacher_tau']:.3f} | measured tau "
+            f"{row['measured_tau']:.3f}"
+        )
+        return row
+
+    log(f"{command}: {total} runs, head {head}, B = {block_size}, {budget.steps} steps each")
+    try:
+        for loss in losses:
+            for seed in seeds:
+                train(loss, loss, seed, False)
+        groups = [aggregate(loss, [r for r in runs if r["label"] == loss]) for loss in losses]
+        if dpace:
+            best = max(groups, key=lambda g: g["teacher_tau"])["label"]
+            log(f"best mean teacher-forced tau: {best}; retraining it with D-PACE weighting")
+            for seed in seeds:
+                train(f"{best}+dpace", best, seed, True)
+            groups.append(aggregate(f"{best}+dpace", [r for r in runs if r["dpace"]]))
+    finally:
+        if not keep:
+            shutil.rmtree(runs_root, ignore_errors=True)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    study = {
+        "command": command,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,  # this process, all its threads (the CLI runs in-process)
+        "head": head,
+        "block_size": block_size,
+        "seeds": list(seeds),
+        "budget": vars(budget),
+        "significance_rule": "|mean_a - mean_b| > std_a + std_b (sample std over seeds; needs >= 2 seeds)",
+        "groups": groups,
+        "runs": [{k: v for k, v in r.items() if k != "selector"} for r in runs],
+    }
+    plot = plot_study(groups, output)
+    (output / "report.md").write_text(markdown_report(study, plot))
+    (output / "results.json").write_text(json.dumps(_clean(study), indent=2))
+    log(f"wrote {output / 'report.md'} ({seconds / 60:.1f} min wall, {cpu_seconds / 60:.1f} min CPU)")
+    return study
+
+
+def rerender(output: str | Path) -> dict:
+    """Rewrite report.md and loss_study.png from an existing results.json (no training; the numbers are kept)."""
+    output = Path(output)
+    study = json.loads((output / "results.json").read_text())
+    for g in study["groups"]:  # strict JSON stored NaN as null
+        for key, value in g.items():
+            if value is None:
+                g[key] = math.nan
+            elif isinstance(value, list):
+                g[key] = [math.nan if v is None else v for v in value]
+    plot = plot_study(study["groups"], output)
+    (output / "report.md").write_text(markdown_report(study, plot))
+    return study
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    defaults = Budget()
+    parser = argparse.ArgumentParser(
+        prog="dspark-lightning loss-study",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    parser.add_argument("--output", required=True, help="directory for report.md, results.json, the PNG and log.txt")
+    parser.add_argument("--losses", nargs="+", default=list(DEFAULT_LOSSES), choices=list(LOSS_CONFIGS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds per loss (default 0 1)")
+    parser.add_argument("--head", default="vanilla", help="Markov head (configs/heads/<name>.yaml; default vanilla)")
+    parser.add_argument("--block_size", type=int, default=8, help="draft block size B (default 8)")
+    parser.add_argument("--no_dpace", action="store_true", help="skip the D-PACE run of the best loss")
+    parser.add_argument("--runs_dir", default=None, help="keep the run directories here (default: a deleted temp dir)")
+    for name, value in vars(defaults).items():
+        parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{BUDGET_HELP[name]} (default {value})")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--rerender", action="store_true", help="only rewrite report.md + PNG from results.json")
+    args = parser.parse_args(argv)
+    if args.rerender:
+        return rerender(args.output)
+    budget = Budget(**{name: getattr(args, name) for name in vars(defaults)})
+    command = ("dspark-lightning loss-study " + " ".join(argv if argv is not None else [])).strip()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        with quieted():
+            return run_study(
+                args.output,
+                args.losses,
+                args.seeds,
+                budget,
+                head=args.head,
+                block_size=args.block_size,
+                dpace=not args.no_dpace,
+                runs_dir=args.runs_dir,
+                command=command,
+            )
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

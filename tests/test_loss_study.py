@@ -1,0 +1,108 @@
+"""``dspark-lightning loss-study`` at a tiny budget, its aggregation rule, and the loss options of the model/YAML."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dspark_lightning import loss_study
+
+
+def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
+    out = tmp_path / "study"
+    study = loss_study.main(
+        [
+            "--output", str(out), "--losses", "kl", "lk_hybrid", "--seeds", "0", "--steps", "3",
+            "--val_samples", "8", "--val_batches", "1", "--num_prompts", "1", "--max_new_tokens", "8",
+            "--max_blocks", "16",
+        ]
+    )  # fmt: skip
+    assert {p.name for p in out.iterdir()} == {"report.md", "results.json", "loss_study.png", "log.txt"}
+    saved = json.loads((out / "results.json").read_text())
+    labels = [g["label"] for g in saved["groups"]]
+    assert labels[:2] == ["kl", "lk_hybrid"] and labels[2] in ("kl+dpace", "lk_hybrid+dpace")
+    best = max(study["groups"][:2], key=lambda g: g["teacher_tau"])
+    assert labels[2] == best["label"] + "+dpace"  # D-PACE reruns the loss with the best mean teacher-forced tau
+    assert [(r["loss"], r["seed"], r["dpace"]) for r in saved["runs"]] == [
+        ("kl", 0, False),
+        ("lk_hybrid", 0, False),
+        (best["label"], 0, True),
+    ]
+    for g in saved["groups"]:
+        assert g["n"] == 1 and g["teacher_tau_std"] == 0.0
+        for key in ("teacher_tau", "teacher_greedy_tau", "measured_tau"):
+            assert math.isfinite(g[key]) and g[key] >= 1.0
+        assert len(g["accept_rate_per_slot"]) == 8 and all(0 <= a <= 1 for a in g["accept_rate_per_slot"])
+    assert saved["budget"]["steps"] == 3
+    assert 0 < saved["cpu_seconds"] and math.isfinite(saved["cpu_seconds"])
+    log = (out / "log.txt").read_text().splitlines()
+    assert sum(line.startswith("[") for line in log) == 3  # one progress line per run
+    assert (out / "loss_study.png").stat().st_size > 0
+    # --rerender rebuilds the report and the plot from results.json alone, leaving the numbers untouched
+    before = (out / "results.json").read_text()
+    (out / "report.md").unlink()
+    (out / "loss_study.png").unlink()
+    again = loss_study.main(["--output", str(out), "--rerender"])
+    assert (out / "report.md").exists() and (out / "loss_study.png").exists()
+    assert (out / "results.json").read_text() == before
+    assert [g["teacher_tau"] for g in again["groups"]] == [g["teacher_tau"] for g in saved["groups"]]
+
+
+def group(label, values):
+    runs = [
+        {
+            "seed": i,
+            "teacher_tau": v,
+            "teacher_greedy_tau": v,
+            "measured_tau": v,
+            "accept_rate_per_slot": [v - 1, math.nan],
+            "measured_accepted_per_slot": [math.nan, v],
+            "fit_seconds": 1.0,
+        }
+        for i, v in enumerate(values)
+    ]
+    return loss_study.aggregate(label, runs)
+
+
+def test_aggregate_and_significance_rule():
+    a = group("a", [1.5, 1.7])
+    assert a["teacher_tau"] == pytest.approx(1.6) and a["teacher_tau_std"] == pytest.approx(math.sqrt(0.02))
+    assert a["accept_rate_per_slot"][0] == pytest.approx(0.6) and math.isnan(a["accept_rate_per_slot"][1])
+    assert a["measured_accepted_per_slot"][1] == pytest.approx(1.6)
+    b = group("b", [1.2, 1.22])  # |Δ| = 0.39 > 0.141 + 0.014
+    c = group("c", [1.45, 1.55])  # |Δ| = 0.1 < 0.141 + 0.071
+    s = loss_study.significance(a, b, "teacher_tau")
+    assert s["delta"] == pytest.approx(0.39) and s["significant"]
+    assert not loss_study.significance(a, c, "teacher_tau")["significant"]
+    one, other = group("x", [1.0]), group("y", [2.0])
+    assert not loss_study.significance(one, other, "measured_tau")["significant"]  # one seed: never significant
+
+
+def test_unknown_loss_or_no_seed_fails_before_training(tmp_path):
+    with pytest.raises(ValueError, match="unknown loss 'jsd'"):
+        loss_study.run_study(tmp_path, losses=["kl", "jsd"])
+    with pytest.raises(ValueError, match="seeds"):
+        loss_study.run_study(tmp_path, losses=["kl"], seeds=[])
+    assert not (tmp_path / "log.txt").exists()
+
+
+def test_loss_configs_compose_and_bad_options_name_themselves(capsys):
+    from dspark_lightning.cli import cli_main
+    from dspark_lightning.lightning.module import DSparkModule
+
+    root = loss_study.REPO_ROOT
+    with pytest.raises(SystemExit):
+        cli_main(["fit", f"--config={root}/configs/quickstart.yaml", f"--config={root}/configs/losses/lk_hybrid.yaml",
+                  "--model.lk_eta=1.5", "--print_config"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "lk_hybrid: 1.0" in printed and "lk_eta: 1.5" in printed and "tv: 0.9" not in printed  # spec replaced
+    for kwargs, option in (
+        ({"loss": {"jsd": 1.0}}, "unknown loss 'jsd'"),
+        ({"loss": {"js": -1.0}}, "'js'"),
+        ({"lk_eta": -1.0}, "lk_eta"),
+        ({"nla_alpha_min": 0.0}, "nla_alpha_min"),
+    ):
+        with pytest.raises(ValueError, match=option):
+            DSparkModule(target="/nonexistent", **kwargs)  # fails on the option, before the target is loaded
