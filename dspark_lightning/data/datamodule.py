@@ -443,7 +443,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         stats = self.data_stats(split)
         bad = self.bad_record_counts(split)
         if stats["rows"] == 0:
-            raise NoTrainableDataError(self._no_rows_message(split, stats, bad))
+            raise NoTrainableDataError(self.no_rows_message(split))
         summary = (
             f"{split} data pass: {stats['records']} records -> {stats['documents']} conversations "
             f"({stats['truncated_documents']} truncated) -> {stats['rows']} rows of {self.seq_len} tokens"
@@ -454,7 +454,9 @@ class ShareGPTDataModule(L.LightningDataModule):
         else:
             logger.info("%s; skipped %d bad records: %s", summary, sum(bad.values()), bad)
 
-    def _no_rows_message(self, split: str, stats: dict[str, int], bad: dict[str, int]) -> str:
+    def no_rows_message(self, split: str) -> str:
+        """Why the last pass over ``split`` produced nothing: skip counts by reason, the options and files involved."""
+        stats, bad = self.data_stats(split), self.bad_record_counts(split)
         source = self._source(split)
         where = source.describe() if source.is_hub else ", ".join(source.files[:4]) + (" ..." * (len(source.files) > 4))
         if not stats["records"]:
