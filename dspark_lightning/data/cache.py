@@ -279,6 +279,8 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     shape = f"S={args.seq_len}, {len(layer_ids)} layers x H={config.hidden_size} + final hidden, {args.dtype}"
     if args.count_pass:
         count = sum(1 for _ in _packed_rows(datamodule, args.num_jobs, args.job_index, args.limit))
+        if not count and not datamodule.data_stats("train")["rows"]:
+            raise NoTrainableDataError(datamodule.no_rows_message("train"))  # before the target is loaded
         log(f"size estimate: {count} packed samples x {format_bytes(per_sample)} ({shape}) = "
             f"{format_bytes(count * per_sample)}")  # fmt: skip
     else:

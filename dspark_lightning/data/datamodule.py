@@ -297,7 +297,8 @@ class ShareGPTDataModule(L.LightningDataModule):
         """Summarise the skipped records of every split read in this stage (its last or current pass)."""
         for split in self._counts:
             stats, bad = self.data_stats(split), self.bad_record_counts(split)
-            summary = f"{stage} finished; {split} data: {stats['records']} records read in the last pass"
+            stage_name = getattr(stage, "value", stage)  # Lightning passes a str enum
+            summary = f"{stage_name} finished; {split} data: {stats['records']} records read in the last pass"
             if bad:
                 logger.warning("%s, %d skipped: %s", summary, sum(bad.values()), bad)
             else:

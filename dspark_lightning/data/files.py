@@ -62,7 +62,7 @@ def open_binary(path: str) -> IO[bytes]:
 
 def read_bounded_lines(handle: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes, int]]:
     """``(line number, bytes, size)`` per line; ``size`` excludes the newline. A line with ``size > max_bytes`` is
-    drained without being kept: ``bytes`` then holds only its first ``max_bytes`` bytes at most (for sniffing)."""
+    drained without being kept: ``bytes`` then holds only its first 256 bytes (for sniffing)."""
     number = 0
     while True:
         line = handle.readline(max_bytes + 1)
@@ -72,7 +72,8 @@ def read_bounded_lines(handle: IO[bytes], max_bytes: int) -> Iterator[tuple[int,
         if line.endswith(b"\n") or len(line) <= max_bytes:
             yield number, line, len(line.rstrip(b"\r\n"))
             continue
-        head, size = line[:max_bytes], len(line)
+        head, size = line[:256], len(line)  # enough to sniff the layout; the rest is dropped piece by piece
+        line = b""
         while not line.endswith(b"\n"):
             line = handle.readline(_DRAIN_BYTES)
             if not line:
@@ -83,7 +84,7 @@ def read_bounded_lines(handle: IO[bytes], max_bytes: int) -> Iterator[tuple[int,
 
 @dataclass(frozen=True)
 class FileLayout:
-    """What sniffing found: ``layout`` is ``jsonl``, ``array``, ``values`` or ``empty``; ``bom`` a stripped UTF-8 BOM."""
+    """What sniffing found: ``layout`` is ``jsonl``, ``array``, ``values`` or ``empty``; ``bom``: a UTF-8 BOM."""
 
     path: str
     layout: str
