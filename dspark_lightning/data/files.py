@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECORD_BYTES = 16 << 20  # 16 MiB: far above any real conversation, far below a memory problem
 SNIFF_LINES = 20
-SNIFF_BYTES = 1 << 20  # stop sampling lines after this much (at least one line is always sampled)
+SNIFF_BYTES = 1 << 18  # stop sampling lines after 256 KiB (at least one line is always sampled)
 UTF8_BOM = b"\xef\xbb\xbf"
 _WIDE_BOMS = {
     b"\xff\xfe\x00\x00": "UTF-32",
