@@ -27,7 +27,7 @@ from dspark_lightning.checks import NonFiniteError, dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.datamodule import NoTrainableDataError, ShareGPTDataModule
 from dspark_lightning.data.files import RecordTooLargeError
-from dspark_lightning.data.sharegpt import NotJSONError, iter_file_records, to_conversation
+from dspark_lightning.data.sharegpt import BadRecordError, NotJSONError, iter_file_records, to_conversation
 from dspark_lightning.lightning.run_dirs import claim_version_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +158,24 @@ def test_unreadable_file_in_a_directory_fails_before_the_first_step(tmp_path):
     assert "data.train_files: 2 of 3 data file(s) cannot be used" in message
     assert "b-utf16.jsonl:1: " in message and "UTF-16" in message and "c.json:1: " in message
     assert cli.trainer.global_step == 0 and not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_array_file_broken_mid_file_is_counted_not_a_late_crash(tmp_path):
+    directory = tmp_path / "data"
+    directory.mkdir()
+    (directory / "a.jsonl").write_text("\n".join(good_lines(20)) + "\n")
+    records = [json.loads(line) for line in good_lines(3)]
+    text = json.dumps(records, indent=1)
+    (directory / "b.json").write_text(text[: text.rindex("{")] + '{"conversations": [}\n]\n')  # third one broken
+    with pytest.raises(NotJSONError, match=r"b\.json:\d+: "):
+        list(iter_file_records(str(directory / "b.json")))  # the reader itself stays strict
+    dm = datamodule(directory)
+    dm.setup("fit")
+    list(dm.train_dataloader())
+    assert dm.bad_record_counts("train") == {"unreadable_rest_of_file": 1}
+    assert dm.data_stats("train")["documents"] == 22  # every record before the break is kept
+    with pytest.raises(BadRecordError, match=r"b\.json:\d+: bad record \(unreadable_rest_of_file\)"):
+        list(datamodule(directory, on_bad_record="raise").train_dataloader())
 
 
 def test_layout_is_judged_from_more_than_the_first_line(tmp_path):

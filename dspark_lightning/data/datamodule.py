@@ -72,7 +72,7 @@ logger = logging.getLogger(__name__)
 
 def _local_examples(shards: list[tuple[str, int | None]], max_record_bytes: int) -> Iterator[dict[str, Any]]:
     """Generator behind the local streaming dataset: one example per raw record, keeping file and line."""
-    for raw in iter_local_records(shards, max_record_bytes):
+    for raw in iter_local_records(shards, max_record_bytes, skip_broken_rest=True):
         yield {
             "record": raw.record,
             "source": raw.source,

@@ -48,6 +48,8 @@ from dspark_lightning.data.files import (
 BAD_RECORD_REASONS: dict[str, str] = {
     "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
     "record_too_large": "a record over max_record_bytes, skipped before it is parsed",
+    "unreadable_rest_of_file": "a JSON array / values file broken mid-file (syntax error, oversized record): the rest "
+    "of that file is skipped",
     "truncated_tail": "a JSON array / JSON values file cut off at the end: a partial last record or no closing ']'",
     "not_a_dict": "the record is not a JSON object",
     "missing_conversations": "neither 'conversations' nor 'messages' is present",
@@ -348,11 +350,25 @@ class _UTF8Stream:
 
 
 def iter_local_records(
-    shards: Sequence[tuple[str, int | None]], max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    shards: Sequence[tuple[str, int | None]],
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    skip_broken_rest: bool = False,
 ) -> Iterator[RawRecord]:
-    """Records of several ``(file, max_records)`` shards in order (the generator behind the streaming dataset)."""
+    """Records of several ``(file, max_records)`` shards in order (the generator behind the streaming dataset).
+
+    ``skip_broken_rest``: a file that sniffs fine but breaks later (an array / values file cannot resynchronise) ends
+    in one ``unreadable_rest_of_file`` record instead of an exception hours into training; a file that is not JSON
+    from its start is still an error.
+    """
     for path, max_records in shards:
-        yield from iter_file_records(path, max_records, max_record_bytes)
+        if not skip_broken_rest:
+            yield from iter_file_records(path, max_records, max_record_bytes)
+            continue
+        sniff_file(path, max_record_bytes)  # raises for a file that is not JSON at all
+        try:
+            yield from iter_file_records(path, max_records, max_record_bytes)
+        except NotJSONError as error:
+            yield RawRecord(None, path, error.line, json_error=str(error), reason="unreadable_rest_of_file")
 
 
 def limit_shards(files: Sequence[str], limit: int | None) -> list[tuple[str, int | None]]:
