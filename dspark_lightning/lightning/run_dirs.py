@@ -36,7 +36,7 @@ class ClaimRunDirectory(L.Callback):
         loggers = [
             logger
             for logger in trainer.loggers
-            if getattr(logger, "_version", 0) is None and isinstance(getattr(logger, "root_dir", None), str)
+            if getattr(logger, "_version", 0) is None and "://" not in str(getattr(logger, "root_dir", "://"))
         ]
         versions = [claim_version_dir(logger.root_dir) for logger in loggers] if trainer.is_global_zero else None
         versions = trainer.strategy.broadcast(versions)
