@@ -1,0 +1,50 @@
+"""Shared pieces of the hostile-input suite: the demo target, a few-step fit command line, a small data module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dspark_lightning.data.datamodule import ShareGPTDataModule
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = str(ROOT / "assets/demo-target")
+TRAIN = ROOT / "assets/data/sharegpt/train-00000.jsonl"
+VAL = str(ROOT / "assets/data/sharegpt/validation-00000.jsonl")
+DEADLINE_S = 600
+ONLY_CHECKPOINT = json.dumps(
+    [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True, "save_top_k": 0}}]
+)
+
+
+def good_lines(count: int = 40) -> list[str]:
+    return TRAIN.read_text().splitlines()[:count]
+
+
+def fit_args(run_dir: Path, steps: int = 2, train: str | Path = TRAIN, extra: tuple[str, ...] = ()) -> list[str]:
+    """A few steps of the quickstart on the demo target, only a last.ckpt callback, CSV logger into ``run_dir``."""
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        f"--model.target={TARGET}",
+        f"--data.train_files={train}",
+        f"--data.val_files={VAL}",
+        "--data.seq_len=128",
+        "--data.batch_size=2",
+        "--data.limit_val_samples=8",
+        "--model.max_anchors=8",
+        f"--trainer.max_steps={steps}",
+        f"--trainer.val_check_interval={steps}",
+        "--trainer.limit_val_batches=1",
+        f"--trainer.callbacks={ONLY_CHECKPOINT}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+        f"--trainer.logger.save_dir={run_dir}",
+        "--trainer.logger.name=run",
+        *extra,
+    ]
+
+
+def datamodule(train, **kwargs) -> ShareGPTDataModule:
+    settings = dict(seq_len=128, batch_size=2, shuffle_buffer=0, block_size=8)
+    return ShareGPTDataModule(TARGET, str(train), VAL, **(settings | kwargs))
