@@ -349,7 +349,7 @@ def run_report(
     plots = plot_results(rows, output, budget.k)
     (output / "report.md").write_text(markdown_report(rows, budget, plots, command, seconds))
     payload = {"command": command, "seconds": seconds, "budget": vars(budget), "rows": rows}
-    (output / "results.json").write_text(json.dumps(payload, indent=2))
+    (output / "results.json").write_text(dumps_json(payload, indent=2))  # strict: an undefined value is null
     print(f"wrote {output / 'report.md'} ({seconds / 60:.1f} min)")
     return rows
 
