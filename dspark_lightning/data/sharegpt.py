@@ -11,11 +11,11 @@ Design choices:
   one at a time, never the whole file), or concatenated / pretty-printed JSON values; a UTF-8 byte-order mark is
   stripped. A file starting with anything else is not JSON at all: :class:`NotJSONError` names the file and line.
   A record over ``max_record_bytes`` is skipped (reason ``record_too_large``) before it is parsed; in JSON Lines it is
-  never read into memory as a whole. In JSON Lines
-  a bad line is a bad record (reason ``invalid_json``) and reading resumes at the next line; in the other two layouts a
-  syntax error cannot be resynchronised and is fatal (:class:`NotJSONError` with the line), except a file cut off
-  at the end (the packaged ShareGPT V3 file is): every complete record is kept and the tail counts as
-  ``truncated_tail``.
+  never read into memory as a whole. In JSON Lines a bad line is a bad record (reason ``invalid_json``) and reading
+  resumes at the next line; in the other two layouts a syntax error cannot be resynchronised and is fatal
+  (:class:`NotJSONError` with the line; training streams count the rest of the file as ``unreadable_rest_of_file``),
+  except a file cut off at the end (the packaged ShareGPT V3 file is): every complete record is kept and the tail
+  counts as ``truncated_tail``.
 - Records are ShareGPT (``conversations`` of ``{"from", "value"}``) or OpenAI style (``messages`` of
   ``{"role", "content"}``); either turn form is accepted under either key. Roles ``system``, ``human``/``user`` and
   ``gpt``/``assistant``/``chatgpt``/``bing``/``bard`` are normalised to ``system``/``user``/``assistant``; anything else is a bad record.
