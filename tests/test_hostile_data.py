@@ -6,6 +6,7 @@ import json
 import logging
 import tracemalloc
 
+import hostile_helpers
 import pytest
 from hostile_helpers import TARGET, TRAIN, datamodule, fit_args, good_lines
 
@@ -13,6 +14,9 @@ from dspark_lightning.cli import cli_main
 from dspark_lightning.data.datamodule import NoTrainableDataError
 from dspark_lightning.data.files import RecordTooLargeError
 from dspark_lightning.data.sharegpt import BadRecordError, NotJSONError, iter_file_records, to_conversation
+
+# fixtures shared by both hostile-input modules (see hostile_helpers for why not a conftest.py)
+deadline = hostile_helpers.deadline
 
 
 # ------------------------------------------------------------------------------------------- 1. streams without rows

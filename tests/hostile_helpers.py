@@ -1,13 +1,24 @@
-"""Shared pieces of the hostile-input suite: the demo target, a few-step fit command line, a small data module."""
+"""Shared pieces of the hostile-input suite (issue #17): a SIGALRM deadline on every test, one small trained
+checkpoint, a few-step fit command line and a small data module on the demo target.
+
+Every case ends in a clear error or documented behaviour, never a hang. The deadline only turns a hang into a
+failure instead of blocking CI; it is generous because nothing here measures time. (Fixtures live here, not in a
+second ``conftest.py``, because other test modules import ``conftest`` by name.)
+"""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
+import pytest
+import torch
+
+from dspark_lightning.cli import cli_main
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TARGET = str(ROOT / "assets/demo-target")
 TRAIN = ROOT / "assets/data/sharegpt/train-00000.jsonl"
 VAL = str(ROOT / "assets/data/sharegpt/validation-00000.jsonl")
@@ -48,3 +59,35 @@ def fit_args(run_dir: Path, steps: int = 2, train: str | Path = TRAIN, extra: tu
 def datamodule(train, **kwargs) -> ShareGPTDataModule:
     settings = dict(seq_len=128, batch_size=2, shuffle_buffer=0, block_size=8)
     return ShareGPTDataModule(TARGET, str(train), VAL, **(settings | kwargs))
+
+
+class Hang(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def deadline():
+    def expire(signum, frame):
+        raise Hang(f"no result after {DEADLINE_S} s: treated as a hang")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(DEADLINE_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained")
+    cli_main(["fit", *fit_args(run_dir)])
+    return run_dir / "run" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="session")
+def diverged_checkpoint(checkpoint, tmp_path_factory) -> Path:
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state["state_dict"]["drafter.backbone.fc.weight"][0, 0] = float("nan")
+    path = tmp_path_factory.mktemp("diverged") / "nan.ckpt"
+    torch.save(state, path)
+    return path
