@@ -13,12 +13,18 @@ Values that the data and the model share are linked, never repeated in YAML: the
 ``data.block_size``) and the mask token id comes from the tokenizer (``data.mask_token_id`` ->
 ``model.mask_token_id``).
 
-Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), so a second run
-with the same config never trips over an existing ``config.yaml``.
+Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), claimed with
+``os.mkdir`` before anything is written (``lightning/run_dirs.py``), so runs of one name started together never share
+or clobber one.
+
+``--ckpt_path`` is read with ``weights_only=True`` and checked before anything is built: a file that is not a
+checkpoint, or one holding NaN/inf weights, is refused. Resuming (or validating) never silently replaces model
+arguments: a model argument whose value differs from the checkpoint's hyper-parameter is an error naming it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -100,11 +106,52 @@ EXTRA_COMMANDS: dict[str, tuple[Callable[[Sequence[str]], object], str]] = {
 
 
 class DSparkCLI(LightningCLI):
+    def _parse_ckpt_path(self) -> None:
+        """Lightning replaces the model config by the checkpoint's hyper-parameters; refuse when that changes any."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or (ckpt_path in ("last", "best", "hpc", "registry") and not os.path.exists(ckpt_path)):
+            return super()._parse_ckpt_path()
+        from dspark_lightning.checks import check_finite_state, read_checkpoint
+
+        check_finite_state(read_checkpoint(ckpt_path)["state_dict"], f"--ckpt_path {ckpt_path}")
+        given = self.config[subcommand].model.clone()
+        super()._parse_ckpt_path()
+        differing = model_argument_differences(given, self.config[subcommand].model)
+        if differing:
+            listed = "; ".join(
+                f"--model.{key}: given {mine!r}, checkpoint {theirs!r}" for key, mine, theirs in differing
+            )
+            raise ValueError(
+                f"--ckpt_path {ckpt_path} was trained with other model arguments, which it would silently replace: "
+                f"{listed}. Drop these arguments (or set them to the checkpoint's values), or start a new run."
+            )
+
+    def instantiate_trainer(self, **kwargs):
+        from dspark_lightning.lightning.run_dirs import ClaimRunDirectory
+
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, ClaimRunDirectory())  # before SaveConfigCallback reads trainer.log_dir
+        return trainer
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.target", "data.tokenizer", apply_on="parse")
         parser.link_arguments("model.trust_remote_code", "data.trust_remote_code", apply_on="parse")
         parser.link_arguments("model.block_size", "data.block_size", apply_on="parse")
         parser.link_arguments("data.mask_token_id", "model.mask_token_id", apply_on="instantiate")
+
+
+def model_argument_differences(given, from_checkpoint) -> list[tuple[str, object, object]]:
+    """``(name, given value, checkpoint value)`` for every top-level model argument the checkpoint changes."""
+    from dspark_lightning.models.markov import markov_config_from, markov_config_to_dict
+
+    mine, theirs = given.as_dict(), from_checkpoint.as_dict()
+    for values in (mine, theirs):
+        values.pop("mask_token_id", None)  # linked from the data module when the model is built, never given
+        if values.get("markov_head") is not None:  # class_path + init_args or the checkpoint's plain dict: one form
+            values["markov_head"] = markov_config_to_dict(markov_config_from(values["markov_head"]))
+    keys = sorted(k for k in set(mine) | set(theirs) if not k.startswith("_"))
+    return [(key, mine.get(key), theirs.get(key)) for key in keys if mine.get(key) != theirs.get(key)]
 
 
 def cli_main(args: Sequence[str] | None = None, run: bool = True) -> DSparkCLI | object:

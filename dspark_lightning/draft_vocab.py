@@ -126,6 +126,7 @@ def build_draft_vocab(
         mask_token=mask_token,
         chat_template_kwargs=chat_template_kwargs,
     )
+    dm.setup("fit")  # every data file sniffed before counting
     V = vocab_size or verifier_vocab_size(tokenizer, dm.tokenizer, trust_remote_code)
     loader = dm.train_dataloader(rank=0, world_size=1)
     batches = loader if max_rows is None else _limit_rows(loader, max_rows)
@@ -137,6 +138,8 @@ def build_draft_vocab(
     forced = sorted(set(special_token_ids(dm.tokenizer, V, mask_id)) | {int(i) for i in always_include})
     vocab = select_draft_vocab(counts, size, forced)
     total = int(counts.sum())
+    if total == 0:  # a vocabulary "covering 0% of 0 tokens" would be useless, not a result
+        raise ValueError(f"--data {data!r}: no supervised token to count (skipped records: {dm.bad_record_counts()})")
     summary = {
         "tokenizer": tokenizer,
         "verifier_vocab_size": V,

@@ -18,7 +18,6 @@ after, and writes a checkpoint whose drafter carries the temperatures (``confide
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -26,21 +25,23 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.checks import dumps_json
+
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     """(DSparkModule in eval mode, ShareGPTDataModule) rebuilt from a checkpoint written by ``fit``."""
+    from dspark_lightning.checks import check_finite_state, read_checkpoint
     from dspark_lightning.data.datamodule import ShareGPTDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
-    if not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"checkpoint {ckpt_path!r} does not exist")
+    checkpoint = read_checkpoint(ckpt_path)  # a clear error for a missing or non-checkpoint file
+    check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
     with warnings.catch_warnings():  # the target's weights are absent on purpose: they come from model.target
         warnings.filterwarnings(
             "ignore", message="Found keys that are in the model state dict but not in the checkpoint"
         )
         module = DSparkModule.load_from_checkpoint(ckpt_path, map_location=map_location, weights_only=True)
     module.eval()
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     data_kwargs.pop("_instantiator", None)
     data_kwargs.setdefault("tokenizer", module.hparams.target)
@@ -123,22 +124,45 @@ def print_decode_table(rows, title: str) -> None:
     Console().print(table)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"a confidence threshold must be a number in [0, 1], got {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="dspark-lightning decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="checkpoint written by `dspark-lightning fit`")
     parser.add_argument("--modes", nargs="+", default=["parallel", "markov", "selector"], help="draft modes to run")
-    parser.add_argument("--k", type=int, default=16, help="Selector candidates per slot")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = lossless rejection sampling")
+    parser.add_argument("--k", type=_positive_int, default=16, help="Selector candidates per slot")
     parser.add_argument(
-        "--thresholds", nargs="*", type=float, default=[], help="confidence thresholds to schedule with"
+        "--temperature", type=_temperature, default=0.0, help="0 = greedy; > 0 = lossless rejection sampling"
+    )
+    parser.add_argument(
+        "--thresholds", nargs="*", type=_probability, default=[], help="confidence thresholds in [0, 1]"
     )
     parser.add_argument(
         "--cost_model",
         action="store_true",
         help="also schedule by the cost model: verify the n maximising (1 + sum a_j) / T(n), T measured on the target",
     )
-    parser.add_argument("--num_prompts", type=int, default=8, help="eval prompts from the validation data")
-    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--num_prompts", type=_positive_int, default=8, help="eval prompts from the validation data")
+    parser.add_argument("--max_new_tokens", type=_positive_int, default=64, help="at least 1 (one verify step)")
     parser.add_argument("--val_files", default=None, help="override the checkpoint's validation files")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
@@ -154,6 +178,8 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     if skipped:
         print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
     prompts = data.eval_prompts()[: args.num_prompts]
+    if not prompts:
+        raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
     schedules = [None, *args.thresholds]
     if args.cost_model:
         from dspark_lightning.decoding import measure_verify_cost
@@ -164,7 +190,7 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     rows = decode_table(module, prompts, modes, args.temperature, schedules, args.max_new_tokens, args.k)
     print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {args.temperature}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(dumps_json(rows, indent=2))
     return rows
 
 
@@ -180,16 +206,21 @@ def collect_confidence_blocks(module, dataloader, max_batches: int):
         logits.append(out.confidence_logits.flatten(0, 1)[:, first:].float())
         alphas.append(alpha.float())
         valids.append(valid)
+    if not logits:
+        raise ValueError("the validation data yielded no batch to calibrate on")
     return torch.cat(logits), torch.cat(alphas), torch.cat(valids)
 
 
 def calibrate_main(argv: Sequence[str] | None = None) -> dict:
     from dspark_lightning.calibration import fit_sequential_temperatures
+    from dspark_lightning.checks import check_finite_state, read_checkpoint
 
     parser = argparse.ArgumentParser(prog="dspark-lightning calibrate", description="sequential temperature scaling")
     parser.add_argument("--ckpt_path", required=True)
     parser.add_argument("--output", default=None, help="calibrated checkpoint (default: <ckpt>.calibrated.ckpt)")
-    parser.add_argument("--max_batches", type=int, default=32, help="validation batches used for fitting")
+    parser.add_argument(
+        "--max_batches", type=_positive_int, default=32, help="validation batches used for fitting (at least 1)"
+    )
     args = parser.parse_args(argv)
 
     module, data = load_trained(args.ckpt_path)
@@ -197,13 +228,16 @@ def calibrate_main(argv: Sequence[str] | None = None) -> dict:
         raise SystemExit("this drafter has no confidence head: nothing to calibrate")
     data.setup("validate")
     logits, alpha, valid = collect_confidence_blocks(module, data.val_dataloader(), args.max_batches)
+    if not bool(valid.any()):
+        raise ValueError("no valid validation block to calibrate on: check val_files / --max_batches")
     temperatures, ece = fit_sequential_temperatures(logits, alpha, valid)
     first = module.drafter_config.first_trained_slot
     module.drafter.confidence_temperature[first:] = temperatures
-    checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
+    check_finite_state({"confidence_temperature": module.drafter.confidence_temperature}, "calibrate")
+    checkpoint = read_checkpoint(args.ckpt_path)
     checkpoint["state_dict"]["drafter.confidence_temperature"] = module.drafter.confidence_temperature.clone()
     output = args.output or str(Path(args.ckpt_path).with_suffix(".calibrated.ckpt"))
     torch.save(checkpoint, output)
     result = {"temperatures": temperatures.tolist(), **ece, "blocks": int(logits.shape[0]), "output": output}
-    print(json.dumps(result, indent=2))
+    print(dumps_json(result, indent=2))  # strict JSON: an undefined ECE is null, never NaN
     return result

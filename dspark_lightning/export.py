@@ -52,6 +52,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -244,18 +246,14 @@ def export_drafter(
 def read_checkpoint(ckpt_path: str | os.PathLike) -> dict:
     """``torch.load(weights_only=True)``. Current checkpoints hold only plain data (the Markov head as a class_path
     dict); older ones pickled the head config object, so our own config classes (and nothing else) are allowed."""
-    from dspark_lightning.models import markov
+    from dspark_lightning.checks import read_checkpoint as read
 
-    allowed = [getattr(markov, n) for n in ("MarkovHeadConfig", "VanillaMarkov", "GatedMarkov", "SelectorMarkov")]
-    allowed.append(markov.RnnMarkov)
-    with torch.serialization.safe_globals(allowed):
-        return torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    return read(ckpt_path)
 
 
 def load_checkpoint_module(ckpt_path: str | os.PathLike, target: str | None = None):
     """Rebuild the ``DSparkModule`` of a Lightning checkpoint (``target`` overrides the recorded target path)."""
-    import tempfile
-
+    from dspark_lightning.checks import check_finite_state
     from dspark_lightning.lightning.module import DSparkModule
 
     checkpoint = read_checkpoint(ckpt_path)
@@ -265,6 +263,7 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, target: str | None = No
     if target is not None:
         hparams["target"] = target
     state = checkpoint["state_dict"]
+    check_finite_state(state, f"checkpoint {ckpt_path}")  # never export (or rebuild) a diverged drafter
     with tempfile.TemporaryDirectory() as tmp:
         vocab_path = hparams.get("draft_vocab")
         if vocab_path and not Path(vocab_path).is_file() and "drafter.draft_vocab.d2t" in state:
@@ -290,25 +289,42 @@ def export_checkpoint(
     candidate_selector: bool = False,
     selector_top_k: int | None = None,
     target: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Export the drafter of a Lightning checkpoint.
 
     The verifier defaults to the checkpoint's ``target`` (a local directory is recorded as an absolute path; pass a
-    hub id for a portable export).
+    hub id for a portable export). A non-empty ``output_dir`` is refused unless ``overwrite``; then the export is
+    written next to it and swapped in, so no file of the old export survives.
     """
+    output = Path(output_dir)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
+        raise FileExistsError(f"--output {str(output)!r} exists and is not empty: pass --overwrite to replace it")
     module = load_checkpoint_module(ckpt_path, target)
     hp = module.hparams
     if verifier_name_or_path is None and Path(hp.target).is_dir():
         verifier_name_or_path = str(Path(hp.target).resolve())
-    return export_drafter(
-        module.drafter,
-        output_dir,
-        verifier_name_or_path=verifier_name_or_path or hp.target,
-        dtype=dtype,
-        candidate_selector=candidate_selector,
-        selector_top_k=selector_top_k or hp.candidate_k,
-        target_config=module.target.config,
-    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        export_drafter(
+            module.drafter,
+            staging,
+            verifier_name_or_path=verifier_name_or_path or hp.target,
+            dtype=dtype,
+            candidate_selector=candidate_selector,
+            selector_top_k=selector_top_k or hp.candidate_k,
+            target_config=module.target.config,
+        )
+        if output.is_dir():
+            shutil.rmtree(output)
+        elif output.exists():
+            output.unlink()
+        staging.rename(output)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return output
 
 
 # ------------------------------------------------------------------------------------------------------------ loading
@@ -511,6 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--selector-top-k", "--selector_top_k", type=int, default=None, help="default: candidate_k")
     parser.add_argument("--target", default=None, help="load the target from here instead of the recorded path")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a non-empty --output directory (no stale files are left)"
+    )
     return parser
 
 
@@ -524,6 +543,7 @@ def main(argv: list[str] | None = None) -> Path:
         candidate_selector=args.candidate_selector,
         selector_top_k=args.selector_top_k,
         target=args.target,
+        overwrite=args.overwrite,
     )
     config = json.loads((output / CONFIG_NAME).read_text())
     head = config["markov_head_type"] if config["markov_rank"] else "none"

@@ -35,7 +35,6 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 import tempfile
@@ -53,6 +52,7 @@ from dspark_lightning.analysis import (
     measured_decoding,
     quieted,
 )
+from dspark_lightning.checks import dumps_json
 
 HEADS = ("none", "vanilla", "gated", "rnn")
 SELECTOR_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -333,7 +333,14 @@ def run_report(
     try:
         variants = [(block, head) for block in block_sizes for head in heads]
         for index, (block, head) in enumerate(variants, 1):
-            row = train_and_evaluate(runs, head, block, budget)
+            try:
+                row = train_and_evaluate(runs, head, block, budget)
+            except Exception:
+                if rows:  # keep the finished variants before the error propagates
+                    partial = {"command": command, "failed": f"{head} B={block}", "rows": rows}
+                    (output / "results.partial.json").write_text(dumps_json(partial, indent=2, default=str))
+                    print(f"{head} B={block} failed; {len(rows)} finished variant(s) kept in results.partial.json")
+                raise
             rows.append(row)
             print(
                 f"[{index}/{len(variants)}] {head:8s} B={block:<3d} fit {row['fit_seconds']:.0f}s "
@@ -351,7 +358,7 @@ def run_report(
     plots = plot_results(rows, output, budget.k)
     (output / "report.md").write_text(markdown_report(rows, budget, plots, command, seconds))
     payload = {"command": command, "seconds": seconds, "budget": vars(budget), "rows": rows}
-    (output / "results.json").write_text(json.dumps(payload, indent=2))
+    (output / "results.json").write_text(dumps_json(payload, indent=2))  # strict: an undefined value is null
     print(f"wrote {output / 'report.md'} ({seconds / 60:.1f} min)")
     return rows
 

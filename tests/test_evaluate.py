@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.evaluate import load_trained
 
@@ -53,7 +54,7 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
             f"--json={out}",
         ]
     )
-    assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
+    assert json.loads(out.read_text()) == json.loads(dumps_json(rows))  # strict JSON: an undefined rate is null
     by_mode = {(r["mode"], r["threshold"]): r for r in rows}
     cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
     assert len(cost_rows) == 3 and all(r["threshold"][1] > 0 and r["threshold"][2] >= 0 for r in cost_rows)

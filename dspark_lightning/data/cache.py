@@ -256,7 +256,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from dspark_lightning.data.datamodule import ShareGPTDataModule
+    from dspark_lightning.data.datamodule import NoTrainableDataError, ShareGPTDataModule
     from dspark_lightning.models.backbone import default_target_layer_ids
 
     config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
@@ -272,12 +272,15 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         trust_remote_code=args.trust_remote_code,
         chat_template_kwargs=args.chat_template_kwargs,
     )
+    datamodule.setup("fit")  # every data file sniffed before the target is loaded
     output = Path(args.output)
     settings = _settings(args, layer_ids)
     per_sample = bytes_per_sample(args.seq_len, config.hidden_size, len(layer_ids), args.dtype)
     shape = f"S={args.seq_len}, {len(layer_ids)} layers x H={config.hidden_size} + final hidden, {args.dtype}"
     if args.count_pass:
         count = sum(1 for _ in _packed_rows(datamodule, args.num_jobs, args.job_index, args.limit))
+        if not count and not datamodule.data_stats("train")["rows"]:
+            raise NoTrainableDataError(datamodule.no_rows_message("train"))  # before the target is loaded
         log(f"size estimate: {count} packed samples x {format_bytes(per_sample)} ({shape}) = "
             f"{format_bytes(count * per_sample)}")  # fmt: skip
     else:
@@ -351,6 +354,8 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     if rows:
         run_batch(rows)
     flush_shard()
+    if not sum(s["num_samples"] for s in index["shards"]):  # an empty cache would only fail later, in fit
+        raise NoTrainableDataError(datamodule.no_rows_message("train"))
     index["data_stats"] = datamodule.data_stats("train")
     index["complete"] = True
     index_path.write_text(json.dumps(index, indent=1))

@@ -18,8 +18,12 @@ Design choices:
   own row at the start of its pass, and the main process sums the rows. This is exact (no lost updates, no extra keys
   in the batch) and works with fork and spawn. ``bad_record_counts(split)`` / ``data_stats(split)`` report the last
   (or current) pass of this rank; when the loader is exhausted the totals are logged with python ``logging``
-  (a warning when anything was skipped). Validation eval prompts are read separately in the main process and not
-  counted.
+  (a warning the first time a split skipped anything, then info) and ``teardown`` logs a summary at the end of every
+  ``fit``/``validate``/``test``, also when no pass completed. A pass that yields no row at all is an error listing
+  the skip counts by reason (instead of an endless loop of empty epochs). Validation eval prompts are read separately
+  in the main process and not counted.
+- ``setup`` sniffs every local file of the splits it will read (``files.py``) so an unreadable file fails before the
+  first step, not hours into training.
 - Offline target cache (``train_cache`` / ``val_cache``, see ``cache.py``): a split with a cache directory reads packed
   samples *with* the target's features from it instead of streaming records (the cache fixes packing and seq_len);
   the tokenizer is still used for the mask/pad token ids and the eval prompts.
@@ -30,17 +34,24 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from datasets import IterableDataset, load_dataset
 from datasets.distributed import split_dataset_by_node
-from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data import IterableDataset as TorchIterableDataset
 from transformers import AutoTokenizer
 
+from dspark_lightning.data.accounting import (  # noqa: F401 - SharedCounts, COUNTER_NAMES stay importable from here
+    COUNTER_NAMES,
+    STAT_NAMES,
+    CountingDataLoader,
+    NoTrainableDataError,
+    SharedCounts,
+)
+from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES, check_data_files
 from dspark_lightning.data.sharegpt import (
     BAD_RECORD_REASONS,
     BadRecordError,
@@ -59,60 +70,38 @@ from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker, 
 
 logger = logging.getLogger(__name__)
 
-STAT_NAMES = (
-    "records",
-    "documents",
-    "truncated_documents",
-    "rows",
-    "tokens",
-    "supervised_tokens",
-    "other_split_records",
-)
-COUNTER_NAMES = tuple(BAD_RECORD_REASONS) + STAT_NAMES
 
-
-class SharedCounts:
-    """Counters in shared memory, one row per DataLoader worker (row 0 in the main process)."""
-
-    def __init__(self, num_rows: int):
-        self.table = torch.zeros(max(1, num_rows), len(COUNTER_NAMES), dtype=torch.long).share_memory_()
-        self._column = {name: i for i, name in enumerate(COUNTER_NAMES)}
-
-    @staticmethod
-    def current_row() -> int:
-        info = get_worker_info()
-        return info.id if info is not None else 0
-
-    def reset(self, row: int) -> None:
-        self.table[row].zero_()
-
-    def add(self, row: int, name: str, amount: int = 1) -> None:
-        self.table[row, self._column[name]] += amount
-
-    def totals(self) -> dict[str, int]:
-        summed = self.table.sum(dim=0).tolist()
-        return dict(zip(COUNTER_NAMES, summed))
-
-
-def _local_examples(shards: list[tuple[str, int | None]]) -> Iterator[dict[str, Any]]:
+def _local_examples(shards: list[tuple[str, int | None]], max_record_bytes: int) -> Iterator[dict[str, Any]]:
     """Generator behind the local streaming dataset: one example per raw record, keeping file and line."""
-    for raw in iter_local_records(shards):
-        yield {"record": raw.record, "source": raw.source, "line": raw.line, "json_error": raw.json_error}
+    for raw in iter_local_records(shards, max_record_bytes, skip_broken_rest=True):
+        yield {
+            "record": raw.record,
+            "source": raw.source,
+            "line": raw.line,
+            "json_error": raw.json_error,
+            "reason": raw.reason,
+        }
 
 
-def open_record_stream(source: DataSource, *, limit: int | None = None) -> IterableDataset:
+def open_record_stream(
+    source: DataSource, *, limit: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> IterableDataset:
     """A streaming ``datasets.IterableDataset`` over the raw records of ``source`` (first ``limit`` if given)."""
     if source.is_hub:
         stream = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
         return stream.take(limit) if limit is not None else stream
-    return IterableDataset.from_generator(_local_examples, gen_kwargs={"shards": limit_shards(source.files, limit)})
+    shards = limit_shards(source.files, limit)
+    return IterableDataset.from_generator(
+        _local_examples, gen_kwargs={"shards": shards, "max_record_bytes": max_record_bytes}
+    )
 
 
 def raw_record_from_example(example: dict[str, Any], source: DataSource) -> RawRecord:
     """Undo :func:`_local_examples` (local) or wrap a hub row (the row itself is the record)."""
     if source.is_hub:
         return RawRecord(example, source.describe(), None)
-    return RawRecord(example["record"], example["source"], example["line"], example["json_error"])
+    reason = example.get("reason")
+    return RawRecord(example["record"], example["source"], example["line"], example["json_error"], reason=reason)
 
 
 class PackedConversationStream(TorchIterableDataset):
@@ -168,56 +157,6 @@ class PackedConversationStream(TorchIterableDataset):
             yield packed
 
 
-class _ReportingIterator:
-    """Proxy of a DataLoader iterator that calls ``on_exhausted`` once when it runs out."""
-
-    def __init__(self, inner: Iterator, on_exhausted: Callable[[], None]):
-        self._inner, self._on_exhausted = inner, on_exhausted
-
-    def __iter__(self) -> _ReportingIterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._inner)
-        except StopIteration:
-            self._on_exhausted()
-            raise
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-    def __reduce__(self) -> tuple:
-        # Like Lightning's own workaround for DataLoader iterators (which cannot be pickled): pickle as exhausted.
-        return iter, ((),)
-
-
-class CountingDataLoader(DataLoader):
-    """DataLoader that sets the stream's epoch before each pass and logs the data counts after it."""
-
-    def __init__(
-        self,
-        *args: Any,
-        before_pass: Callable[[], None] | None = None,
-        after_pass=None,
-        batches_to_skip: Callable[[], int] | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(*args, **kwargs)
-        self.before_pass, self.after_pass, self.batches_to_skip = before_pass, after_pass, batches_to_skip
-
-    def __iter__(self) -> Any:
-        if self.before_pass is not None:
-            self.before_pass()
-        inner = super().__iter__()
-        skip = self.batches_to_skip() if self.batches_to_skip is not None else 0
-        for _ in range(skip):  # resuming mid-epoch: replay the stream up to where the checkpoint was taken
-            next(inner, None)
-        return _ReportingIterator(inner, self.after_pass) if self.after_pass is not None else inner
-
-
 class ShareGPTDataModule(L.LightningDataModule):
     """Streams ShareGPT / OpenAI-style conversations into packed, assistant-masked rows (see module docstring)."""
 
@@ -244,6 +183,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         train_cache: str | list[str] | None = None,
         val_cache: str | list[str] | None = None,
         split_by_id: dict[str, float] | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ):
         """
         Args:
@@ -275,6 +215,8 @@ class ShareGPTDataModule(L.LightningDataModule):
                 ``{validation: 0.02, test: 0.02}`` (deterministic; all parts ``<id>_N`` of one conversation stay
                 together). Each split keeps only its own records; ``val_files`` / ``test_files`` default to
                 ``train_files``. Counted as ``other_split_records``, never as bad records.
+            max_record_bytes: Records larger than this are skipped (reason ``record_too_large``) before they are
+                parsed; a JSON Lines line over it is never held in memory whole.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -291,6 +233,10 @@ class ShareGPTDataModule(L.LightningDataModule):
         self.id_split = IdSplit.from_fractions(split_by_id)
         if on_bad_record not in ("skip", "raise"):
             raise ValueError(f"on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
+        if max_record_bytes < 1:
+            raise ValueError(f"data.max_record_bytes must be at least 1, got {max_record_bytes}")
+        self.max_record_bytes = max_record_bytes
+        self._warned_skips: set[str] = set()
         self._tokenizer = None
         self._encoder: ConversationEncoder | None = None
         self._counts: dict[str, SharedCounts] = {}
@@ -300,6 +246,14 @@ class ShareGPTDataModule(L.LightningDataModule):
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
+            name = str(self.tokenizer_name)
+            if (name.startswith((".", "/", "~")) or name.count("/") > 1) and not os.path.exists(
+                os.path.expanduser(name)
+            ):
+                raise FileNotFoundError(
+                    f"tokenizer / target {name!r} does not exist (data.tokenizer, linked from model.target): "
+                    "give an existing model directory or a hub id"
+                )
             self._tokenizer = AutoTokenizer.from_pretrained(
                 self.tokenizer_name, trust_remote_code=self.trust_remote_code
             )
@@ -352,6 +306,29 @@ class ShareGPTDataModule(L.LightningDataModule):
             raise ValueError(f"tokenizer {self.tokenizer_name!r} has neither a pad nor an eos token")
         return int(token_id)
 
+    # ------------------------------------------------------------------------------------------------- checks
+    def setup(self, stage: str) -> None:
+        """Sniff every local data file this stage reads (layout, encoding) before the first step."""
+        splits = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",)}.get(stage, ())
+        for split in splits:
+            if self.cache_for(split) is not None or (split == "validation" and stage == "fit" and not self.val_files):
+                continue
+            source = self._source(split)
+            if not source.is_hub:
+                option = {"train": "data.train_files", "validation": "data.val_files", "test": "data.test_files"}
+                check_data_files(source.files, option[split], self.max_record_bytes)
+
+    def teardown(self, stage: str) -> None:
+        """Summarise the skipped records of every split read in this stage (its last or current pass)."""
+        for split in self._counts:
+            stats, bad = self.data_stats(split), self.bad_record_counts(split)
+            stage_name = getattr(stage, "value", stage)  # Lightning passes a str enum
+            summary = f"{stage_name} finished; {split} data: {stats['records']} records read in the last pass"
+            if bad:
+                logger.warning("%s, %d skipped: %s", summary, sum(bad.values()), bad)
+            else:
+                logger.info("%s, none skipped", summary)
+
     # ------------------------------------------------------------------------------------------------- streams
     def _source(self, split: str) -> DataSource:
         if split == "test":
@@ -380,7 +357,7 @@ class ShareGPTDataModule(L.LightningDataModule):
             rank, world_size = self._distributed_context()
         source = self._source(split)
         limit = self.limit_val_samples if split != "train" else None
-        records = open_record_stream(source, limit=limit)
+        records = open_record_stream(source, limit=limit, max_record_bytes=self.max_record_bytes)
         if split == "train" and self.shuffle_buffer > 0:
             records = records.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
         if world_size > 1:
@@ -497,24 +474,42 @@ class ShareGPTDataModule(L.LightningDataModule):
         return {reason: stats[reason] for reason in BAD_RECORD_REASONS if stats[reason]}
 
     def log_data_stats(self, split: str) -> None:
-        """Log the counters of the last pass with python logging (a warning if records were skipped)."""
+        """Log the counters of the pass that just ended (a warning the first time records were skipped); a pass
+        without a single row is a :class:`NoTrainableDataError` naming the skip reasons."""
         stats = self.data_stats(split)
         bad = self.bad_record_counts(split)
+        if stats["rows"] == 0:
+            raise NoTrainableDataError(self.no_rows_message(split))
         summary = (
             f"{split} data pass: {stats['records']} records -> {stats['documents']} conversations "
             f"({stats['truncated_documents']} truncated) -> {stats['rows']} rows of {self.seq_len} tokens"
         )
-        if bad:
+        if bad and split not in self._warned_skips:
+            self._warned_skips.add(split)  # once per split: the same skips recur every epoch
             logger.warning("%s; skipped %d bad records: %s", summary, sum(bad.values()), bad)
         else:
-            logger.info("%s; no bad records", summary)
+            logger.info("%s; skipped %d bad records: %s", summary, sum(bad.values()), bad)
+
+    def no_rows_message(self, split: str) -> str:
+        """Why the last pass over ``split`` produced nothing: skip counts by reason, the options and files involved."""
+        stats, bad = self.data_stats(split), self.bad_record_counts(split)
+        source = self._source(split)
+        where = source.describe() if source.is_hub else ", ".join(source.files[:4]) + (" ..." * (len(source.files) > 4))
+        if not stats["records"]:
+            return f"{split} data yielded no records at all (empty files?): {where}"
+        reasons = "; ".join(f"{reason}: {count} ({BAD_RECORD_REASONS[reason]})" for reason, count in bad.items())
+        return (
+            f"{split} data yielded no trainable row: all {stats['records']} records were skipped ({reasons}); "
+            f"data.seq_len={self.seq_len}, data.max_length={self.max_length}, "
+            f"data.min_supervised_tokens={self.min_supervised_tokens}, block_size={self.block_size}; files: {where}"
+        )
 
     # ------------------------------------------------------------------------------------------ eval prompts
     def eval_conversations(self) -> list[Conversation]:
         """The first ``num_eval_prompts`` valid validation conversations (file order) that have a user prompt."""
         if self._eval_conversations is None:
             source = self._source("validation")
-            stream = open_record_stream(source)
+            stream = open_record_stream(source, max_record_bytes=self.max_record_bytes)
             raws = (raw_record_from_example(example, source) for example in stream)
             chosen = []
             for conversation in iter_conversations(raws, on_bad_record="skip"):

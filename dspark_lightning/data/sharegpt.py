@@ -7,13 +7,15 @@ Design choices:
   treated as a hub id.
 - Local files are read by this module rather than by ``datasets``' json builder, so every record keeps its file and
   line (needed for ``on_bad_record="raise"`` and for clear errors) and one malformed line does not abort the stream.
-  Three layouts are sniffed from the first non-blank character: JSON Lines (first line is a whole JSON value), a JSON
-  array (``[``; elements decoded one at a time, never the whole file), or concatenated / pretty-printed JSON values.
-  A file starting with anything else is not JSON at all: :class:`NotJSONError` names the file and line. In JSON Lines
-  a bad line is a bad record (reason ``invalid_json``) and reading resumes at the next line; in the other two layouts a
-  syntax error cannot be resynchronised and is fatal (:class:`NotJSONError` with the line), except a file cut off
-  at the end (the packaged ShareGPT V3 file is): every complete record is kept and the tail counts as
-  ``truncated_tail``.
+  Three layouts are sniffed from the first lines (``files.py``): JSON Lines, a JSON array (``[``; elements decoded
+  one at a time, never the whole file), or concatenated / pretty-printed JSON values; a UTF-8 byte-order mark is
+  stripped. A file starting with anything else is not JSON at all: :class:`NotJSONError` names the file and line.
+  A record over ``max_record_bytes`` is skipped (reason ``record_too_large``) before it is parsed; in JSON Lines it is
+  never read into memory as a whole. In JSON Lines a bad line is a bad record (reason ``invalid_json``) and reading
+  resumes at the next line; in the other two layouts a syntax error cannot be resynchronised and is fatal
+  (:class:`NotJSONError` with the line; training streams count the rest of the file as ``unreadable_rest_of_file``),
+  except a file cut off at the end (the packaged ShareGPT V3 file is): every complete record is kept and the tail
+  counts as ``truncated_tail``.
 - Records are ShareGPT (``conversations`` of ``{"from", "value"}``) or OpenAI style (``messages`` of
   ``{"role", "content"}``); either turn form is accepted under either key. Roles ``system``, ``human``/``user`` and
   ``gpt``/``assistant``/``chatgpt``/``bing``/``bard`` are normalised to ``system``/``user``/``assistant``; anything else is a bad record.
@@ -23,11 +25,10 @@ Design choices:
 
 from __future__ import annotations
 
+import codecs
 import glob
-import gzip
 import hashlib
 import importlib.util
-import io
 import itertools
 import json
 import os
@@ -36,8 +37,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from dspark_lightning.data.files import (
+    DEFAULT_MAX_RECORD_BYTES,
+    NotJSONError,
+    RecordTooLargeError,
+    TruncatedJSONError,
+    open_binary,
+    read_bounded_lines,
+    sniff_file,
+)
+
 BAD_RECORD_REASONS: dict[str, str] = {
     "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
+    "record_too_large": "a record over max_record_bytes, skipped before it is parsed",
+    "unreadable_rest_of_file": "a JSON array / values file broken mid-file (syntax error, oversized record): the rest "
+    "of that file is skipped",
     "truncated_tail": "a JSON array / JSON values file cut off at the end: a partial last record or no closing ']'",
     "not_a_dict": "the record is not a JSON object",
     "missing_conversations": "neither 'conversations' nor 'messages' is present",
@@ -73,22 +87,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+){0,2}$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-class NotJSONError(ValueError):
-    """A local data file that is not JSON (or has an unrecoverable syntax error), with file and line.
-
-    ``NotJSONError(message)`` also works, because DataLoader workers re-raise exceptions as ``type(error)(message)``.
-    """
-
-    def __init__(self, file: str, line: int | None = None, detail: str = ""):
-        message = file if line is None else f"{file}:{line}: not a JSON / JSON Lines conversation file: {detail}"
-        super().__init__(message)
-        self.file, self.line, self.detail = file, line, detail
-
-
-class TruncatedJSONError(NotJSONError):
-    """The file ends inside a JSON value (or before the array's closing bracket): everything before it is kept."""
-
-
 class BadRecordError(ValueError):
     """Raised under ``on_bad_record="raise"``: a record is unusable; says where and why (or just a message)."""
 
@@ -112,13 +110,15 @@ class InvalidRecord(Exception):
 
 @dataclass(frozen=True)
 class RawRecord:
-    """One decoded JSON value and where it came from; ``json_error`` is set (and ``record`` None) for a bad line."""
+    """One decoded JSON value and where it came from; ``json_error`` is set (and ``record`` None) for a bad line,
+    ``reason`` when it is already known to be unusable (``record_too_large``, ``truncated_tail``)."""
 
     record: Any
     source: str
     line: int | None
     json_error: str | None = None
     truncated: bool = False
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,15 +216,11 @@ def resolve_source(spec: str | Sequence[str], default_split: str = "train") -> D
     return DataSource(files=tuple(dict.fromkeys(os.path.abspath(f) for f in files)))
 
 
-def _open_binary(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
-
-
 class _JSONValueReader:
     """Decode consecutive JSON values from a text stream chunk by chunk, tracking line numbers."""
 
-    def __init__(self, stream: IO[str], path: str, first_line: int, chunk_chars: int = 1 << 16):
-        self.stream, self.path, self.chunk_chars = stream, path, chunk_chars
+    def __init__(self, stream: IO[str], path: str, first_line: int, max_chars: int, chunk_chars: int = 1 << 16):
+        self.stream, self.path, self.chunk_chars, self.max_chars = stream, path, chunk_chars, max_chars
         self.buffer, self.pos, self.line, self.eof = "", 0, first_line, False
         self.decoder = json.JSONDecoder()
 
@@ -267,6 +263,13 @@ class _JSONValueReader:
                     break
             except json.JSONDecodeError as error:
                 truncated = error.pos >= len(self.buffer) - 8 or error.msg.startswith("Unterminated string")
+                if truncated and len(self.buffer) - self.pos > self.max_chars:
+                    raise RecordTooLargeError(
+                        self.path,
+                        self.line,
+                        f"a record over data.max_record_bytes={self.max_chars} cannot be skipped in a JSON array or "
+                        "values file: raise max_record_bytes or convert the file to JSON Lines",
+                    ) from None
                 if truncated and self._fill():
                     continue
                 line = self.line + self.buffer.count("\n", self.pos, error.pos)
@@ -278,24 +281,25 @@ class _JSONValueReader:
                 break
         start_line = self.line
         self.line += self.buffer.count("\n", self.pos, end)
-        self.pos = end
-        return value, start_line
+        self.pos, size = end, end - self.pos
+        return value, start_line, size
+
+    def record(self) -> RawRecord:
+        value, line, size = self.value()
+        if size > self.max_chars:  # decoded in one chunk, but still over the limit: skipped like in JSON Lines
+            detail = f"{size} characters > data.max_record_bytes={self.max_chars}"
+            return RawRecord(None, self.path, line, json_error=detail, reason="record_too_large")
+        return RawRecord(value, self.path, line)
 
 
-def _first_content_line(handle: IO[bytes], path: str) -> tuple[int, str | None]:
-    """Number and text of the first non-blank line (``None`` for an empty file); not UTF-8 means not JSON."""
-    for line_number, raw_line in enumerate(handle, start=1):
-        if raw_line.strip():
-            try:
-                return line_number, raw_line.decode("utf-8")
-            except UnicodeDecodeError:
-                raise NotJSONError(path, line_number, "not UTF-8 text") from None
-    return 0, None
-
-
-def _iter_json_lines(handle: IO[bytes], path: str, lines_read: int) -> Iterator[RawRecord]:
-    """The remaining lines of a JSON Lines file; a bad line becomes a record with ``json_error`` set."""
-    for line_number, raw_line in enumerate(handle, start=lines_read + 1):
+def _iter_json_lines(handle: IO[bytes], path: str, max_bytes: int) -> Iterator[RawRecord]:
+    """The lines of a JSON Lines file; a bad line becomes a record with ``json_error`` set, an over-long one a
+    ``record_too_large`` record (drained, never held whole)."""
+    for line_number, raw_line, size in read_bounded_lines(handle, max_bytes):
+        if size > max_bytes:
+            detail = f"{size} bytes > data.max_record_bytes={max_bytes}"
+            yield RawRecord(None, path, line_number, json_error=detail, reason="record_too_large")
+            continue
         if not raw_line.strip():
             continue
         try:
@@ -311,7 +315,7 @@ def _iter_json_values(reader: _JSONValueReader, path: str, array: bool) -> Itera
     try:
         yield from _iter_json_values_strict(reader, path, array)
     except TruncatedJSONError as error:
-        yield RawRecord(None, path, error.line, json_error=error.detail, truncated=True)
+        yield RawRecord(None, path, error.line, json_error=error.detail, truncated=True, reason="truncated_tail")
 
 
 def _iter_json_values_strict(reader: _JSONValueReader, path: str, array: bool) -> Iterator[RawRecord]:
@@ -321,60 +325,70 @@ def _iter_json_values_strict(reader: _JSONValueReader, path: str, array: bool) -
             reader.expect("]")
         else:
             while True:
-                value, line = reader.value()
-                yield RawRecord(value, path, line)
+                yield reader.record()
                 if reader.expect(",]") == "]":
                     break
         if reader.peek() != "":
             raise NotJSONError(path, reader.line, "unexpected data after the top-level array")
         return
     while reader.peek() != "":
-        value, line = reader.value()
-        yield RawRecord(value, path, line)
+        yield reader.record()
 
 
-def iter_file_records(path: str, max_records: int | None = None) -> Iterator[RawRecord]:
+def iter_file_records(
+    path: str, max_records: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> Iterator[RawRecord]:
     """Stream the records of one local file (layout sniffed, see the module docstring); at most ``max_records``."""
     if max_records is not None and max_records <= 0:
         return
-    with _open_binary(path) as handle:
-        line_number, first_text = _first_content_line(handle, path)
-        if first_text is None:
-            return
-        start = first_text.lstrip()[:1]
-        if start not in "[{":
-            raise NotJSONError(path, line_number, f"starts with {first_text.strip()[:40]!r}")
-        try:
-            first_value = json.loads(first_text) if start == "{" else None
-        except json.JSONDecodeError:
-            first_value = None  # an object spread over several lines: concatenated / pretty-printed JSON
-        if first_value is not None:
-            records = itertools.chain(
-                [RawRecord(first_value, path, line_number)], _iter_json_lines(handle, path, line_number)
-            )
+    layout = sniff_file(path, max_record_bytes)
+    if layout.layout == "empty":
+        return
+    with open_binary(path) as handle:
+        handle.seek(3 if layout.bom else 0)
+        if layout.layout == "jsonl":
+            records = _iter_json_lines(handle, path, max_record_bytes)
         else:
-            text = _PrefixedStream(first_text, io.TextIOWrapper(handle, encoding="utf-8"))
-            records = _iter_json_values(_JSONValueReader(text, path, line_number), path, array=start == "[")
+            reader = _JSONValueReader(_UTF8Stream(handle, path), path, 1, max_record_bytes)
+            records = _iter_json_values(reader, path, array=layout.layout == "array")
         yield from itertools.islice(records, max_records)
 
 
-class _PrefixedStream:
-    """A text stream that first returns an already-read prefix."""
+class _UTF8Stream:
+    """``read(size)`` of decoded text from a binary stream; bytes that are not UTF-8 name the file."""
 
-    def __init__(self, prefix: str, rest: IO[str]):
-        self.prefix, self.rest = prefix, rest
+    def __init__(self, handle: IO[bytes], path: str):
+        self.handle, self.path = handle, path
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
 
     def read(self, size: int) -> str:
-        if self.prefix:
-            head, self.prefix = self.prefix, ""
-            return head + self.rest.read(max(0, size - len(head)))
-        return self.rest.read(size)
+        data = self.handle.read(size)
+        try:
+            return self.decoder.decode(data, final=not data)
+        except UnicodeDecodeError as error:
+            raise NotJSONError(self.path, None, f"not UTF-8 text ({error.reason})") from None
 
 
-def iter_local_records(shards: Sequence[tuple[str, int | None]]) -> Iterator[RawRecord]:
-    """Records of several ``(file, max_records)`` shards in order (the generator behind the streaming dataset)."""
+def iter_local_records(
+    shards: Sequence[tuple[str, int | None]],
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    skip_broken_rest: bool = False,
+) -> Iterator[RawRecord]:
+    """Records of several ``(file, max_records)`` shards in order (the generator behind the streaming dataset).
+
+    ``skip_broken_rest``: a file that sniffs fine but breaks later (an array / values file cannot resynchronise) ends
+    in one ``unreadable_rest_of_file`` record instead of an exception hours into training; a file that is not JSON
+    from its start is still an error.
+    """
     for path, max_records in shards:
-        yield from iter_file_records(path, max_records)
+        if not skip_broken_rest:
+            yield from iter_file_records(path, max_records, max_record_bytes)
+            continue
+        sniff_file(path, max_record_bytes)  # raises for a file that is not JSON at all
+        try:
+            yield from iter_file_records(path, max_records, max_record_bytes)
+        except NotJSONError as error:
+            yield RawRecord(None, path, error.line, json_error=str(error), reason="unreadable_rest_of_file")
 
 
 def limit_shards(files: Sequence[str], limit: int | None) -> list[tuple[str, int | None]]:
@@ -490,8 +504,8 @@ class IdSplit:
 
 def to_conversation(raw: RawRecord) -> Conversation:
     """Validate one raw record (including JSON Lines decode failures) into a :class:`Conversation`."""
-    if raw.truncated:
-        raise InvalidRecord("truncated_tail", raw.json_error or "")
+    if raw.reason is not None or raw.truncated:
+        raise InvalidRecord(raw.reason or "truncated_tail", raw.json_error or "")
     if raw.json_error is not None:
         raise InvalidRecord("invalid_json", raw.json_error)
     messages = validate_record(raw.record)

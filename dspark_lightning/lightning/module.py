@@ -26,6 +26,11 @@ Design choices:
   draft layer as its own FSDP unit when the strategy provides a wrapping context (and does nothing otherwise), so the
   frozen target is sharded layer by layer and the drafter's layers train sharded; the embedding / LM head shared by
   target and drafter stay in the root unit.
+- Non-finite guard: a NaN/inf training loss (``on_before_backward``) or gradient (``on_before_optimizer_step``, before
+  clipping and the step) raises :class:`NonFiniteError` naming the step, so the weights are never updated with it and
+  no checkpoint of the diverged state is written. Under fp16 loss scaling inf gradients are the scaler's business.
+- Skipped training records (the data module's ``bad_record_counts``) are logged as ``data/skipped/<reason>`` and
+  ``data/skipped/total`` (this rank, current pass) at every log step.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torchmetrics
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
+from dspark_lightning.checks import NonFiniteError
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
@@ -249,10 +255,12 @@ class DSparkModule(L.LightningModule):
             checkpoint["state_dict"].pop(key, None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        needed = set(self.state_dict().keys()) - self.frozen_state_keys()
-        missing = sorted(needed - set(checkpoint["state_dict"]))
+        state, frozen = self.state_dict(), self.frozen_state_keys()
+        missing = sorted(set(state) - frozen - set(checkpoint["state_dict"]))
         if missing:
             raise KeyError(f"checkpoint lacks trainable drafter tensors (different model config?): {missing[:8]}")
+        for key in frozen:  # the target's tensors, already loaded from model.target: not "missing" from the checkpoint
+            checkpoint["state_dict"].setdefault(key, state[key])
 
     def setup(self, stage: str) -> None:
         """Check that the data module's feature cache (if any) was written for this target and these layers."""
@@ -448,6 +456,36 @@ class DSparkModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        counts = getattr(datamodule, "bad_record_counts", None)
+        if counts is None:
+            return
+        skipped = {f"data/skipped/{reason}": float(count) for reason, count in counts("train").items()}
+        skipped["data/skipped/total"] = sum(skipped.values())
+        # per rank (keys differ between ranks, so no sync); cumulative over the current pass
+        self.log_dict(skipped, on_step=True, on_epoch=False, batch_size=1)
+
+    # ------------------------------------------------------------------ non-finite guard
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        if not bool(torch.isfinite(loss.detach()).all()):
+            raise NonFiniteError(
+                f"training loss is {loss.item()} at step {self.global_step}: the run diverged, training stopped before "
+                "this update and no checkpoint of it was written (lower model.optimizer.init_args.lr?)"
+            )
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return  # fp16 loss scaling: inf gradients are expected and skipped by the scaler
+        named = [(name, p.grad) for name, p in self.drafter.named_parameters() if p.grad is not None]
+        if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+            return
+        bad = [name for name, grad in named if not bool(torch.isfinite(grad).all())]
+        raise NonFiniteError(
+            f"non-finite gradient at step {self.global_step} in {len(bad)} drafter tensor(s) ({', '.join(bad[:6])}): "
+            "training stopped before the optimizer step; no checkpoint of it was written"
+        )
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):

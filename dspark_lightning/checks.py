@@ -1,0 +1,79 @@
+"""Checks shared by training and the tools: checkpoints read safely, weights finite, JSON without NaN."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, gradient or stored tensor holds NaN or infinity."""
+
+
+def read_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> dict:
+    """``torch.load(weights_only=True)`` of a Lightning checkpoint, with errors that name ``option`` and the file.
+
+    Current checkpoints hold only plain data (the Markov head as a class_path dict); older ones pickled the head config
+    object, so our own config classes (and nothing else) are allowed.
+    """
+    from dspark_lightning.models import markov
+
+    path = Path(path)
+    if not path.is_file():
+        kind = "is a directory, not a checkpoint file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{option} {str(path)!r} {kind}")
+    allowed = [markov.MarkovHeadConfig, markov.VanillaMarkov, markov.GatedMarkov, markov.SelectorMarkov]
+    allowed.append(markov.RnnMarkov)
+    try:
+        with torch.serialization.safe_globals(allowed):
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch's own message suggests weights_only=False, which we never use
+        first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"{option} {str(path)!r} is not a checkpoint written by `dspark-lightning fit` "
+            f"(torch.load with weights_only=True failed: {first_line})"
+        ) from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(f"{option} {str(path)!r} is not a Lightning checkpoint (no 'state_dict')")
+    return checkpoint
+
+
+def non_finite_names(tensors: Mapping[str, Any]) -> list[str]:
+    """Names of the floating-point tensors in ``tensors`` that hold NaN or infinity."""
+    return [
+        name
+        for name, value in tensors.items()
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all())
+    ]
+
+
+def check_finite_state(tensors: Mapping[str, Any], where: str) -> None:
+    """Refuse weights with NaN/inf: exporting, decoding or calibrating them would only hide a diverged run."""
+    bad = non_finite_names(tensors)
+    if bad:
+        raise NonFiniteError(
+            f"{where}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:6])}{' ...' * (len(bad) > 6)}); "
+            "the run diverged: retrain with a lower learning rate"
+        )
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN/infinity float replaced by ``None`` (JSON ``null``), recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def dumps_json(value: Any, **kwargs: Any) -> str:
+    """Strict JSON (never ``NaN``): non-finite floats become ``null``."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
