@@ -161,27 +161,38 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, rms_norm_eps)
 
+    def project_context(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (after k_norm and rotary, as attention uses them) and values [b, kv_heads, n, d] of inputs [b, n, H]."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))).transpose(1, 2)
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, k.dtype)
+        return apply_rotary(k, cos, sin), v
+
     def forward(
         self,
         block_hidden: torch.Tensor,
-        context: torch.Tensor,
+        context: torch.Tensor | None,
         block_positions: torch.Tensor,
-        context_positions: torch.Tensor,
+        context_positions: torch.Tensor | None,
         attn_mask=None,
+        context_cache=None,
+        layer_index: int = 0,
     ) -> torch.Tensor:
         """block_hidden [b, Q, H], context [b, S, H] -> [b, Q, H].
 
         ``attn_mask`` comes from ``BlockVisibility.build(backend)``: a dense boolean tensor (SDPA), a FlexAttention
-        ``BlockMask`` (flex), or ``None`` (every query sees every key).
+        ``BlockMask`` (flex), or ``None`` (every query sees every key). With a ``DraftContextCache`` the context
+        keys/values come from it (``context`` and ``context_positions`` are ignored).
         """
-        kv_input = torch.cat((context, block_hidden), dim=1)
-        kv_positions = torch.cat((context_positions, block_positions), dim=1)
         q = self.q_norm(self.q_proj(block_hidden).unflatten(-1, (self.num_heads, self.head_dim))).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_input).unflatten(-1, (self.num_kv_heads, self.head_dim))).transpose(1, 2)
-        v = self.v_proj(kv_input).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
         cos_q, sin_q = rotary_cos_sin(block_positions, self.head_dim, self.rope_theta, q.dtype)
-        cos_k, sin_k = rotary_cos_sin(kv_positions, self.head_dim, self.rope_theta, k.dtype)
-        q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
+        q = apply_rotary(q, cos_q, sin_q)
+        if context_cache is not None:
+            k, v = context_cache.layer_view(layer_index, *self.project_context(block_hidden, block_positions))
+        else:
+            k, v = self.project_context(
+                torch.cat((context, block_hidden), dim=1), torch.cat((context_positions, block_positions), dim=1)
+            )
 
         # under autocast the fp32 norm weights promote q/k to fp32 while v stays bf16: give all three one dtype
         q, k = q.to(v.dtype), k.to(v.dtype)

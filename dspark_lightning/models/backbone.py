@@ -104,8 +104,11 @@ class DraftDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, context, block_positions, context_positions, attn_mask):
-        x = x + self.self_attn(self.input_layernorm(x), context, block_positions, context_positions, attn_mask)
+    def forward(self, x, context, block_positions, context_positions, attn_mask, context_cache=None, layer_index=0):
+        attended = self.self_attn(
+            self.input_layernorm(x), context, block_positions, context_positions, attn_mask, context_cache, layer_index
+        )
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -137,11 +140,16 @@ class DFlashBackbone(nn.Module):
         block_positions: torch.Tensor,
         context_positions: torch.Tensor,
         attn_mask=None,
+        context_cache=None,
     ) -> torch.Tensor:
-        """block_embeddings [b, Q, H], fused context [b, S, H] -> draft hidden [b, Q, H]."""
+        """block_embeddings [b, Q, H], fused context [b, S, H] -> draft hidden [b, Q, H].
+
+        With a ``DraftContextCache`` (``models.context_cache``) the layers read their context keys/values from it and
+        ``context`` / ``context_positions`` are ignored (pass None).
+        """
         x = block_embeddings
-        for layer in self.layers:
-            x = layer(x, context, block_positions, context_positions, attn_mask)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, context, block_positions, context_positions, attn_mask, context_cache, index)
         return self.norm(x)
 
 

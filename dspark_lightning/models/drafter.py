@@ -37,6 +37,7 @@ from dspark_lightning.models.backbone import (
     sample_anchors,
 )
 from dspark_lightning.models.confidence import ConfidenceHead
+from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov, markov_config_from
 from dspark_lightning.models.vocab import DraftVocab
 
@@ -314,6 +315,28 @@ class DSparkDrafter(nn.Module):
         hidden = self._run_backbone(
             anchor_tokens[:, None], anchor_positions[:, None], context_features, context_positions, visibility
         )[:, 0]
+        return self.output_logits(hidden), hidden
+
+    def new_context_cache(self, batch: int = 1, device=None, capacity: int = 256) -> DraftContextCache:
+        """An empty ``DraftContextCache`` for ``draft_cached``; fill it with ``cache.extend(target_features)``."""
+        weight = self.backbone.fc.weight
+        return DraftContextCache(
+            self.backbone, batch, device or weight.device, self.embed_tokens.weight.dtype, capacity=capacity
+        )
+
+    @torch.no_grad()
+    def draft_cached(
+        self, cache: DraftContextCache, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``draft`` after the prefix held in ``cache`` (every row fully valid): base logits [b, B, Vd], hidden [b, B, H].
+
+        Equals ``draft(features, arange(S), anchor_tokens, anchor_positions)`` for the features the cache was
+        extended with, without re-projecting them.
+        """
+        B = self.block_size
+        block = self._block_embeddings(anchor_tokens[:, None]).flatten(1, 2)
+        block_positions = anchor_positions[:, None] + torch.arange(B, device=block.device)
+        hidden = self.backbone(block, None, block_positions, None, None, context_cache=cache)
         return self.output_logits(hidden), hidden
 
 
