@@ -14,8 +14,9 @@ with ``head.step_bias`` (the head as trained). With k = Vd both give the same to
 pick tokens inside C_t, which ``equivalence_report`` measures (coverage@k, agreement@k, acceptance, time).
 
 Design choices:
-- Candidates come from ``candidate_topk``: exact top-k, searched in two stages (chunk maxima, then the best
-  chunks) for large vocabularies, because on CPU a plain top-k over B x Vd logits costs as much as the rest.
+- Candidates come from ``candidate_topk``: exact top-k, searched in stages (maxima of strided groups and of
+  supergroups, then the best groups) for large vocabularies, because on CPU a plain top-k over B x Vd logits costs
+  as much as the rest.
 - All slots at once: ``pair_scores`` gathers the W2 rows of the candidates ([N, B, k, r]), computes u for every
   predecessor candidate against the hidden state of its slot ([N, B, k, r]) and contracts them with one batched
   matmul. There is no Python loop over slots or candidates; only the walk loops over the B slots (cheap gathers).
@@ -24,8 +25,8 @@ Design choices:
   ``d2t`` (LongTensor[Vd], draft index -> target id; ``None`` means the identity, Vd = V).
 - The ``hidden+prev`` gate Linear([h ; W1[a]]) is split into its hidden part (computed once per slot) and its
   previous-token part (computed per predecessor, or gathered from ``precompute_prev_gate_table(head)``, a [V, r]
-  table that removes the per-predecessor r x r product at inference). Numerically this is the same map as the
-  head's own gate up to floating-point summation order.
+  table that removes the per-predecessor r x r product; used by default whenever autograd is off, cached on the
+  head). Numerically this is the same map as the head's own gate up to floating-point summation order.
 - ``head=None`` (pure DFlash, no Markov head) is allowed everywhere: scores are the base logits broadcast over the
   predecessors. The rnn head is path dependent, so it has no k x k precompute: ``pair_scores`` raises and
   ``sequential_decode`` is the way to decode with it.
@@ -39,7 +40,6 @@ CandidateSelector layout lives in ``dspark_lightning.selector_convert`` and is r
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -118,37 +118,55 @@ def _check_temperature(temperature: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- top-k
-def _topk_chunk_size(vocab: int, k: int) -> int | None:
-    """Power-of-two chunk (dividing Vd) for ``candidate_topk``'s two-stage search, or None to use ``torch.topk``."""
+def _topk_plan(vocab: int, k: int) -> tuple[int, int] | None:
+    """Group sizes (c1, c2) for ``candidate_topk``'s staged search, or None to use ``torch.topk``.
+
+    Level 1 cuts the row into G1 = Vd / c1 strided groups of c1 entries, level 2 the G1 group maxima into
+    G2 = G1 / c2 strided supergroups (c2 = 1: no level 2). The top-k calls then scan G2 + k * c2 + k * c1 entries;
+    c1, c2 are powers of two minimising that (with at least 2k supergroups).
+    """
     if vocab < 8192:
         return None
-    target = 2.0 * math.sqrt(vocab / k)  # minimises ~ Vd / c + k * c scanned by the two small top-k calls
-    chunk = 1
-    while chunk * 2 <= target and vocab % (chunk * 2) == 0:
-        chunk *= 2
-    return chunk if chunk >= 8 and vocab // chunk >= 2 * k else None
+    best, plan = vocab, None
+    c1 = 2
+    while vocab % c1 == 0 and vocab // c1 >= 2 * k:
+        c2 = 1
+        while (vocab // c1) % c2 == 0 and vocab // (c1 * c2) >= 2 * k:
+            cost = vocab // (c1 * c2) + k * c2 + k * c1
+            if cost < best:
+                best, plan = cost, (c1, c2)
+            c2 *= 2
+        c1 *= 2
+    return plan
 
 
 def candidate_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k along the last dim, (values, indices) sorted by decreasing value, like ``torch.topk``.
 
-    For large vocabularies it searches in two stages: the row is cut into chunks of c entries, the k chunks with the
-    largest maxima are kept (every top-k entry lies in one of them: a chunk holding a top-k entry has a maximum at
-    least as large, and at most k chunks can), and the top-k of those k * c entries is the answer. This scans the
-    row once with a cheap ``amax`` instead of running the (much slower per element on CPU) top-k over all of Vd.
-    Values equal ``torch.topk``'s; among exactly tied values the chosen indices may differ (``torch.topk`` leaves
+    For large vocabularies it searches in stages over a partition of the row: the k groups with the largest maxima
+    hold every top-k value (a group holding a top-k entry has a maximum at least as large, and at most k groups can),
+    so the top-k of their entries is the answer; applied twice (groups, then supergroups of group maxima). Groups are
+    strided (group g = entries g, g + G, g + 2G, ...): their maxima are an elementwise max over c contiguous rows of
+    G entries, one vectorised pass over the logits, instead of the (much slower per element on CPU) top-k over all of
+    Vd. Values equal ``torch.topk``'s; among exactly tied values the chosen indices may differ (``torch.topk`` leaves
     tie order unspecified as well).
     """
     vocab = logits.shape[-1]
     k = min(int(k), vocab)
-    chunk = _topk_chunk_size(vocab, k)
-    if chunk is None:
+    plan = _topk_plan(vocab, k)
+    if plan is None:
         return logits.topk(k, dim=-1)
-    lead = logits.shape[:-1]
-    maxima = logits.reshape(*lead, vocab // chunk, chunk).amax(dim=-1)
-    top_chunks = maxima.topk(k, dim=-1, sorted=False).indices
-    offsets = torch.arange(chunk, device=logits.device)
-    indices = (top_chunks[..., None] * chunk + offsets).reshape(*lead, k * chunk)
+    c1, c2 = plan
+    lead, groups = logits.shape[:-1], vocab // c1
+    maxima = logits.reshape(*lead, c1, groups).amax(dim=-2)  # [..., G1]: group g = {g + G1 * j}
+    if c2 > 1:
+        supergroups = groups // c2
+        top_super = maxima.reshape(*lead, c2, supergroups).amax(dim=-2).topk(k, dim=-1, sorted=False).indices
+        group_ids = (top_super[..., None] + torch.arange(0, groups, supergroups, device=logits.device)).flatten(-2)
+        top_groups = group_ids.gather(-1, maxima.gather(-1, group_ids).topk(k, dim=-1, sorted=False).indices)
+    else:
+        top_groups = maxima.topk(k, dim=-1, sorted=False).indices
+    indices = (top_groups[..., None] + torch.arange(0, vocab, groups, device=logits.device)).flatten(-2)
     values, order = logits.gather(-1, indices).topk(k, dim=-1)
     return values, indices.gather(-1, order)
 
@@ -166,11 +184,27 @@ def precompute_prev_gate_table(head: MarkovHead) -> torch.Tensor:
         return F.linear(head.markov_w1.weight, head.gate_proj.weight[:, head.hidden_size :])
 
 
+def _cached_prev_gate_table(head: MarkovHead) -> torch.Tensor:
+    """``precompute_prev_gate_table(head)``, kept on the head and rebuilt when W1 or the gate weight change.
+
+    Inference (no autograd) uses it by default: the same products W1[a] . Wg[:, H:] as the per-predecessor matmul,
+    computed once per token instead of once per (row, slot, candidate).
+    """
+    w1, gate = head.markov_w1.weight, head.gate_proj.weight
+    key = (w1.data_ptr(), w1._version, gate.data_ptr(), gate._version, w1.dtype, w1.device)
+    cached = head.__dict__.get("_prev_gate_table_cache")
+    if cached is None or cached[0] != key:
+        with torch.inference_mode(False), torch.no_grad():
+            cached = (key, precompute_prev_gate_table(head))
+        head.__dict__["_prev_gate_table_cache"] = cached
+    return cached[1]
+
+
 def _pair_transition_features(
     head: MarkovHead,
     prev_ids: torch.Tensor,
     hidden: torch.Tensor | None,
-    prev_gate_table: torch.Tensor | None = None,
+    prev_gate_table: torch.Tensor | None | bool = None,
 ) -> torch.Tensor:
     """u(a, h_t) for predecessors prev_ids [N, B, k] (target ids) against hidden [N, B, H] -> [N, B, k, r]."""
     if head.is_path_dependent:
@@ -184,6 +218,10 @@ def _pair_transition_features(
     if head.gate_input == "hidden":  # the gate depends on the slot only: one evaluation per slot
         return prev_embedding * head.gate(hidden[:, :, None, :], prev_embedding)
     weight = head.gate_proj.weight  # [r, H + r], input order [h ; W1[a]]
+    if prev_gate_table is None and not torch.is_grad_enabled():
+        prev_gate_table = _cached_prev_gate_table(head)
+    elif prev_gate_table is False:  # the caller asked for the per-predecessor product
+        prev_gate_table = None
     if prev_gate_table is not None:
         pre = F.embedding(prev_ids, prev_gate_table)  # [N, B, k, r], a fresh tensor: safe to add into in place
     else:
@@ -205,7 +243,7 @@ def pair_scores(
     k: int,
     *,
     d2t: torch.Tensor | None = None,
-    prev_gate_table: torch.Tensor | None = None,
+    prev_gate_table: torch.Tensor | None | bool = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k candidates per slot and the scores of every adjacent (predecessor, candidate) pair.
 
@@ -216,7 +254,9 @@ def pair_scores(
         hidden: [N, B, H] draft hidden states (unused by vanilla heads and ``None``; may be ``None`` there).
         k: candidates per slot; clamped to Vd.
         d2t: optional [Vd] draft index -> target id map for the predecessor candidates (``None``: identity).
-        prev_gate_table: optional ``precompute_prev_gate_table(head)`` cache (gated ``hidden+prev`` heads).
+        prev_gate_table: ``precompute_prev_gate_table(head)`` for gated ``hidden+prev`` heads; ``None`` (default)
+            uses one cached on the head whenever autograd is off (a [V, r] tensor, rebuilt when the weights change),
+            ``False`` the per-predecessor r x r product.
 
     Returns:
         candidates [N, B, k] (draft indices, ordered by decreasing base logit) and scores [N, B, k, k] with
@@ -295,8 +335,10 @@ def walk_pair_scores(
     n_rows, block, k = candidates.shape
     choices, path_scores, probs = [], [], []
     previous = torch.zeros(n_rows, dtype=torch.long, device=candidates.device)  # slot 0: all rows are equal
+    rows = torch.arange(n_rows, device=candidates.device)
     for slot in range(block):
-        row = scores[:, slot].gather(1, previous[:, None, None].expand(n_rows, 1, k)).squeeze(1)
+        # advanced indexing, not gather: on CPU a gather over the strided [N, k, k] slice is ~10x slower
+        row = scores[rows, slot, previous]
         previous, slot_probs = _choose(row, temperature, generator)
         choices.append(previous)
         path_scores.append(row)
@@ -323,7 +365,7 @@ def selector_walk(
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
     d2t: torch.Tensor | None = None,
-    prev_gate_table: torch.Tensor | None = None,
+    prev_gate_table: torch.Tensor | None | bool = None,
 ) -> SelectorWalk:
     """``pair_scores`` then the walk; returns tokens plus the per-slot draft distributions over the candidates."""
     candidates, scores = pair_scores(base_logits, head, first_prev, hidden, k, d2t=d2t, prev_gate_table=prev_gate_table)
@@ -342,7 +384,7 @@ def selector_decode(
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
     d2t: torch.Tensor | None = None,
-    prev_gate_table: torch.Tensor | None = None,
+    prev_gate_table: torch.Tensor | None | bool = None,
 ) -> torch.Tensor:
     """Selector decode of a block: tokens [N, B] (draft-vocab indices). See ``selector_walk`` for the details."""
     return selector_walk(
