@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.decoding import best_verify_length, measure_verify_cost
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "assets" / "demo-target"
@@ -74,6 +76,25 @@ def speedup_rows(target, drafter, prompts, modes, max_new_tokens, log) -> list[d
                 f"{result['speculative_tokens_per_second']:.0f} vs {result['baseline_tokens_per_second']:.0f} tok/s  "
                 f"equal={result['outputs_equal']}"
             )
+    return rows
+
+
+def verify_length_rows(speedup: list[dict], cost: tuple[float, float]) -> list[dict]:
+    """Per mode (cached runs): the verify length maximising predicted tokens/s from the measured acceptance and
+    drafter cost per step under the measured T(n) (``best_verify_length``)."""
+    rows = []
+    for r in speedup:
+        if not r["drafter_cache"] or not r["accepted_rate_per_slot"]:
+            continue
+        p = r["phase_ms_per_step"]
+        overhead = (p["draft_backbone"] + p["draft_head"] + p["bookkeeping"]) / 1e3
+        rows.append(
+            dict(
+                mode=r["mode"],
+                overhead_ms=overhead * 1e3,
+                **best_verify_length(r["accepted_rate_per_slot"], overhead, cost),
+            )
+        )
     return rows
 
 
@@ -177,6 +198,20 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
         )
     lines += [
         "",
+        "## Verify length from the measured costs",
+        "",
+        f"T(n) = {report['verify_cost_ms'][0]:.2f} + {report['verify_cost_ms'][1]:.3f}·n ms (`measure_verify_cost` on "
+        "the target); predicted tokens/s(n) = (1 + Σ_{j≤n} prefix survival_j) / (drafter + bookkeeping ms per step + "
+        "T(n)), from the cached runs above (whole blocks verified).",
+        "",
+        "| mode | drafter + bookkeeping ms/step | best n | tokens/step at best n | predicted tokens/s, n = 1…B |",
+        "|---|---:|---:|---:|---|",
+        *(
+            f"| {v['mode']} | {v['overhead_ms']:.2f} | {v['best_n']} | {v['expected_tokens'][v['best_n'] - 1]:.2f} "
+            f"| {' '.join(f'{x:.0f}' for x in v['tokens_per_second'])} |"
+            for v in report["verify_lengths"]
+        ),
+        "",
         "## Drafter step vs context length",
         "",
         "One block's backbone forward (B = "
@@ -215,6 +250,8 @@ def run(
     num_prompts, max_new_tokens = (2, 16) if quick else (6, 48)
     target_model, drafter, prompts, description = load_models(target, ckpt, num_prompts, 96)
     speedup = speedup_rows(target_model, drafter, prompts, ["markov"] if quick else modes, max_new_tokens, log)
+    verify_cost = measure_verify_cost(target_model, max_block=drafter.block_size, repeats=3 if quick else 7)
+    verify_lengths = verify_length_rows(speedup, verify_cost)
     lengths = LENGTHS[:2] if quick else LENGTHS
     sweep = context_sweep(drafter, lengths, 3 if quick else 31, log)
     stem = "decode_quick" if quick else "decode"
@@ -227,6 +264,8 @@ def run(
         machine=machine,
         speedup=speedup,
         context_sweep=sweep,
+        verify_cost_ms=[verify_cost[0] * 1e3, verify_cost[1] * 1e3],
+        verify_lengths=verify_lengths,
         total_s=time.perf_counter() - start,
     )
     plot(sweep, out_dir / f"{stem}_context.png", f"Drafter step vs context ({description.split(';')[0][:60]})")
