@@ -184,13 +184,15 @@ def precompute_prev_gate_table(head: MarkovHead) -> torch.Tensor:
         return F.linear(head.markov_w1.weight, head.gate_proj.weight[:, head.hidden_size :])
 
 
-def _cached_prev_gate_table(head: MarkovHead) -> torch.Tensor:
+def _cached_prev_gate_table(head: MarkovHead) -> torch.Tensor | None:
     """``precompute_prev_gate_table(head)``, kept on the head and rebuilt when W1 or the gate weight change.
 
     Inference (no autograd) uses it by default: the same products W1[a] . Wg[:, H:] as the per-predecessor matmul,
     computed once per token instead of once per (row, slot, candidate).
     """
     w1, gate = head.markov_w1.weight, head.gate_proj.weight
+    if w1.is_inference() or gate.is_inference():
+        return None  # inference tensors have no version counter: no safe cache key, use the per-predecessor product
     key = (w1.data_ptr(), w1._version, gate.data_ptr(), gate._version, w1.dtype, w1.device)
     cached = head.__dict__.get("_prev_gate_table_cache")
     if cached is None or cached[0] != key:
