@@ -23,6 +23,9 @@ Design choices:
 - Coverage (``anchor_coverage_counts``): the supervised positions that some valid block predicts (p+1..p+B, or
   p+1..p+B-1 when slot 0 is the untrained bonus token), over all supervised positions. The first supervised token
   after an unsupervised stretch can never be covered (its anchor would be unsupervised), so 1.0 is not reachable.
+- Sliding-window layers (``sliding_window`` W, ``layer_types``): in those layers a block anchored at p sees the
+  context positions p - W .. p - 1 of its document (the speculators DSpark rule) and its own block; full-attention
+  layers see the whole prefix. Training builds one mask per layer type from the same ``BlockVisibility``.
 - ``default_target_layer_ids`` follows the DFlash convention: as many target layers as draft layers, spread
   evenly from layer 1 to layer L-3 (one layer -> the middle one).
 """
@@ -52,6 +55,9 @@ def default_target_layer_ids(num_target_layers: int, num_layers: int) -> list[in
     return [round(start + i * (end - start) / (num_layers - 1)) for i in range(num_layers)]
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 @dataclass
 class BackboneConfig:
     """Shape of the draft backbone. ``from_target`` fills what a config file leaves as None."""
@@ -66,14 +72,34 @@ class BackboneConfig:
     rope_theta: float = 1_000_000.0
     num_context_layers: int = 1
     attention_backend: str = "auto"
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (or None for full attention), got {self.sliding_window}")
+        if self.layer_types is None:  # a window without layer types: every layer slides
+            self.layer_types = ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_layers
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries, expected num_layers = {self.num_layers}"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"layer_types: unknown {unknown}; expected entries of {LAYER_TYPES}")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types names sliding_attention layers but sliding_window is not set")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}; expected one of {ATTENTION_BACKENDS}"
             )
+
+    def layer_window(self, index: int) -> int | None:
+        """The context window of draft layer ``index`` (None = full attention)."""
+        return self.sliding_window if self.layer_types[index] == "sliding_attention" else None
 
 
 class SwiGLU(nn.Module):
@@ -90,8 +116,10 @@ class SwiGLU(nn.Module):
 class DraftDecoderLayer(nn.Module):
     """Pre-norm Qwen3 decoder layer whose attention also reads the fused target context."""
 
-    def __init__(self, config: BackboneConfig) -> None:
+    def __init__(self, config: BackboneConfig, layer_index: int = 0) -> None:
         super().__init__()
+        # a sliding layer sees the context positions i >= anchor - window (its own block always)
+        self.sliding_window = config.layer_window(layer_index)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DraftAttention(
             config.hidden_size,
@@ -105,8 +133,21 @@ class DraftDecoderLayer(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(self, x, context, block_positions, context_positions, attn_mask, context_cache=None, layer_index=0):
+        window = self.sliding_window
+        if isinstance(attn_mask, dict):  # one mask per layer type (built by the drafter when some layers slide)
+            attn_mask = attn_mask["sliding_attention" if window else "full_attention"]
+        elif window and attn_mask is None and context is not None:
+            # no mask = one block after the whole context (inference): the window is its last ``window`` tokens
+            context, context_positions = context[:, -window:], context_positions[:, -window:]
         attended = self.self_attn(
-            self.input_layernorm(x), context, block_positions, context_positions, attn_mask, context_cache, layer_index
+            self.input_layernorm(x),
+            context,
+            block_positions,
+            context_positions,
+            attn_mask,
+            context_cache,
+            layer_index,
+            window,
         )
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -120,7 +161,7 @@ class DFlashBackbone(nn.Module):
         self.config = config
         self.fc = nn.Linear(config.num_context_layers * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftDecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DraftDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def fuse_context(self, context_features: torch.Tensor) -> torch.Tensor:

@@ -92,13 +92,15 @@ class DraftContextCache:
         """[b, length, H]: the fused target features of the prefix."""
         return self.fused[:, : self.length]
 
-    def layer_view(self, index: int, block_keys: torch.Tensor, block_values: torch.Tensor):
+    def layer_view(self, index: int, block_keys: torch.Tensor, block_values: torch.Tensor, window: int | None = None):
         """Layer ``index``'s [prefix ; block] keys and values [b, heads, length + Q, d], the block written after the
-        prefix (into the reserved room; the cache itself still ends at ``length``)."""
+        prefix (into the reserved room; the cache itself still ends at ``length``). ``window``: only the last
+        ``window`` prefix tokens (a sliding layer; the block's anchor comes right after the prefix)."""
         q = block_keys.shape[2]
         self._reserve(self.length + q)
         end = self.length + q
         keys, values = self.keys[index], self.values[index]
         keys[:, :, self.length : end] = block_keys
         values[:, :, self.length : end] = block_values
-        return keys[:, :, :end], values[:, :, :end]
+        start = max(0, self.length - window) if window is not None else 0
+        return keys[:, :, start:end], values[:, :, start:end]
