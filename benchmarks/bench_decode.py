@@ -45,7 +45,14 @@ def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length:
 
         module, data = load_trained(ckpt, num_eval_prompts=num_prompts)
         prompts = data.eval_prompts()[:num_prompts]
-        return module.target, module.drafter, prompts, f"trained drafter `{ckpt}` on `{module.hparams.target}`"
+        steps = torch.load(ckpt, map_location="cpu", weights_only=True).get("global_step")
+        head = module.drafter.markov_head
+        description = (
+            f"drafter trained for {steps} steps (checkpoint `{Path(ckpt).name}`: {module.drafter.config.num_layers} "
+            f"layer(s), B = {module.drafter.block_size}, {head.head_type if head else 'no'} Markov head) on "
+            f"`{module.hparams.target}`, its validation eval prompts"
+        )
+        return module.target, module.drafter, prompts, description
     from benchmarks.bench_scaling import _mask_token_id
     from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
 
@@ -151,7 +158,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.plot(xs, [r["cached_ms"] for r in rows], "o-", color="C0", label="context cache, median")
     ax.plot(xs, [r["uncached_min_ms"] for r in rows], "s:", color="C1", alpha=0.6, label="uncached, minimum")
     ax.plot(xs, [r["cached_min_ms"] for r in rows], "o:", color="C0", alpha=0.6, label="context cache, minimum")
-    ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="drafter ms per step (median)")
+    ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="drafter ms per step")
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.minorticks_off()
     ax.grid(True, alpha=0.3)
@@ -268,7 +275,9 @@ def run(
         verify_lengths=verify_lengths,
         total_s=time.perf_counter() - start,
     )
-    plot(sweep, out_dir / f"{stem}_context.png", f"Drafter step vs context ({description.split(';')[0][:60]})")
+    bc = drafter.backbone.config
+    title = f"Drafter step vs context: H = {bc.hidden_size}, {bc.num_layers} layer(s), B = {drafter.block_size}, CPU"
+    plot(sweep, out_dir / f"{stem}_context.png", title)
     write_results(out_dir, stem, report)
     log(f"wrote {out_dir}/{stem}.{{md,json,csv}} and {stem}_context.png")
     return report
