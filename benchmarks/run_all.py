@@ -42,10 +42,11 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "selector": (["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
     "scaling": ([], ["--quick"], "scaling", "scaling_quick"),
     "memory_guidance": ([], ["--quick"], "memory_guidance", "memory_guidance"),
+    "decode": ([], ["--quick"], "decode", "decode_quick"),
     "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
 }
 # fmt: on
-OUT_DIR_OPTION = {"train_step", "scaling", "quickstart"}  # the others get RESULTS patched instead
+OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode"}  # the others get RESULTS patched instead
 
 
 def discover() -> dict[str, tuple[list[str], list[str], str | None, str | None]]:

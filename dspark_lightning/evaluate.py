@@ -49,52 +49,109 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     return module, ShareGPTDataModule(**data_kwargs)
 
 
-def decode_table(module, prompts: list[list[int]], modes, temperature, thresholds, max_new_tokens, k, seed=0):
-    """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row."""
-    from dspark_lightning.decoding import speculative_generate
+def decode_table(
+    module, prompts: list[list[int]], modes, temperature, thresholds, max_new_tokens, k, seed=0, baseline=False
+):
+    """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
+
+    With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
+    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal.
+    """
+    from dspark_lightning.decoding import DecodeStats, measure_speedup, speculative_generate
 
     rows = []
     for mode in modes:
         for threshold in thresholds:
-            generator = torch.Generator().manual_seed(seed)
-            emitted = forwards = new_tokens = 0
-            seconds = 0.0
-            verified: list[int] = []
-            accepted: list[int] = []
-            for prompt in prompts:
-                _, stats = speculative_generate(
-                    module.target,
-                    module.drafter,
-                    torch.tensor([prompt]),
-                    max_new_tokens,
-                    mode=mode,
-                    k=k,
-                    temperature=temperature,
-                    confidence_threshold=None if isinstance(threshold, tuple) else threshold,
-                    cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
-                    generator=generator,
+            schedule = dict(
+                confidence_threshold=None if isinstance(threshold, tuple) else threshold,
+                cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
+            )
+            extra = {}
+            if baseline and temperature == 0:
+                result = measure_speedup(
+                    module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, **schedule
                 )
-                emitted += sum(stats.emitted_per_step)
-                forwards += stats.target_forwards
-                new_tokens += stats.new_tokens
-                seconds += stats.draft_seconds + stats.verify_seconds + stats.prefill_seconds
-                verified += stats.verified_per_step
-                accepted += stats.accepted_per_step
-            per_slot = []
-            for slot in range(max(verified, default=0)):
-                tried = [a for v, a in zip(verified, accepted) if v > slot and a >= slot]
-                per_slot.append(sum(a > slot for a in tried) / len(tried) if tried else math.nan)
+                stats = result.pop("stats")
+                extra = {
+                    key: result[key]
+                    for key in (
+                        "speedup",
+                        "median_prompt_speedup",
+                        "baseline_tokens_per_second",
+                        "outputs_equal",
+                        "mismatches",
+                    )
+                }
+            else:
+                generator = torch.Generator().manual_seed(seed)
+                runs = []
+                for prompt in prompts:
+                    _, run = speculative_generate(
+                        module.target,
+                        module.drafter,
+                        torch.tensor([prompt]),
+                        max_new_tokens,
+                        mode=mode,
+                        k=k,
+                        temperature=temperature,
+                        generator=generator,
+                        **schedule,
+                    )
+                    runs.append(run)
+                stats = DecodeStats.merge(runs)
+            seconds = stats.total_seconds
+            tokens_per_second = stats.new_tokens / seconds if seconds else math.nan
             rows.append(
                 dict(
                     mode=mode,
                     threshold=threshold,
-                    tau=emitted / max(1, forwards),
-                    tokens_per_second=new_tokens / seconds if seconds else math.nan,
-                    mean_verified=sum(verified) / max(1, len(verified)),
-                    accepted_rate_per_slot=per_slot,
+                    tau=stats.tau,
+                    tokens_per_second=result["speculative_tokens_per_second"] if extra else tokens_per_second,
+                    mean_verified=sum(stats.verified_per_step) / max(1, len(stats.verified_per_step)),
+                    accepted_rate_per_slot=stats.accepted_rate_per_slot,
+                    phase_ms_per_step=stats.phase_ms_per_step(),
+                    **extra,
                 )
             )
     return rows
+
+
+def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
+    """For each mode's whole-block row: the verify length that maximises predicted tokens/s (``best_verify_length``)
+    from its measured per-slot acceptance and drafter cost per step, under T(n) = t0 + t1 * n."""
+    from dspark_lightning.decoding import best_verify_length
+
+    table = []
+    for row in rows:
+        if row["threshold"] is not None or not row["accepted_rate_per_slot"]:
+            continue
+        phases = row["phase_ms_per_step"]
+        overhead = (phases["draft_backbone"] + phases["draft_head"] + phases["bookkeeping"]) / 1e3
+        best = best_verify_length(row["accepted_rate_per_slot"], overhead, cost_model)
+        row["verify_length"] = best
+        table.append(dict(mode=row["mode"], overhead_ms=overhead * 1e3, **best))
+    return table
+
+
+def print_verify_length_table(table, cost_model) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t0, t1 = cost_model
+    title = f"predicted tokens/s per verify length n (T(n) = {t0 * 1e3:.2f} + {t1 * 1e3:.3f} n ms)"
+    out = Table(title=title)
+    for column in ("mode", "draft+bookkeeping ms/step", "best n", "tokens/step at best n", "tokens/s by n"):
+        out.add_column(column, justify="left" if column in ("mode", "tokens/s by n") else "right")
+    for row in table:
+        n = row["best_n"]
+        out.add_row(
+            row["mode"],
+            f"{row['overhead_ms']:.2f}",
+            str(n),
+            f"{row['expected_tokens'][n - 1]:.2f}",
+            " ".join(f"{v:.0f}" for v in row["tokens_per_second"]),
+        )
+    Console().print(out)
 
 
 def _schedule_label(schedule) -> str:
@@ -110,18 +167,42 @@ def print_decode_table(rows, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("mode", "threshold", "tau", "tokens/s", "verified", "accepted rate per slot"):
-        table.add_column(column, justify="right" if column not in ("mode", "accepted rate per slot") else "left")
+    with_baseline = any("speedup" in row for row in rows)
+    columns = ["mode", "threshold", "tau", "tokens/s"]
+    columns += ["generate tokens/s", "speedup", "= generate"] if with_baseline else []
+    columns += ["verified", "accepted rate per slot"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("mode", "accepted rate per slot") else "right")
+    phases = Table(title="where the time goes: ms per step")
+    for column in ("mode", "threshold", "draft backbone", "draft head", "verify", "bookkeeping"):
+        phases.add_column(column, justify="left" if column == "mode" else "right")
+    mismatched = []
     for row in rows:
-        table.add_row(
-            row["mode"],
-            _schedule_label(row["threshold"]),
-            f"{row['tau']:.3f}",
-            f"{row['tokens_per_second']:.1f}",
+        label = _schedule_label(row["threshold"])
+        cells = [row["mode"], label, f"{row['tau']:.3f}", f"{row['tokens_per_second']:.1f}"]
+        if with_baseline:
+            equal = row.get("outputs_equal", True)
+            cells += [f"{row['baseline_tokens_per_second']:.1f}", f"{row['speedup']:.2f}x"]
+            cells.append("yes" if equal else "[bold red]NO[/]")
+            if not equal:
+                mismatched.append(row)
+        cells += [
             f"{row['mean_verified']:.2f}",
             " ".join("-" if math.isnan(v) else f"{v:.2f}" for v in row["accepted_rate_per_slot"]),
+        ]
+        table.add_row(*cells)
+        ms = row["phase_ms_per_step"]
+        phases.add_row(
+            row["mode"], label, *(f"{ms[p]:.2f}" for p in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(phases)
+    for row in mismatched:
+        console.print(
+            f"[bold red]MISMATCH: {row['mode']} / {_schedule_label(row['threshold'])} differs from the target's greedy "
+            f"generate on prompts {row['mismatches']}: greedy speculative decoding must be lossless[/]"
+        )
 
 
 def _positive_int(text: str) -> int:
@@ -161,6 +242,12 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
         action="store_true",
         help="also schedule by the cost model: verify the n maximising (1 + sum a_j) / T(n), T measured on the target",
     )
+    parser.add_argument(
+        "--baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="greedy only: time the target's own generate alternately with each run, report speedup, check outputs",
+    )
     parser.add_argument("--num_prompts", type=_positive_int, default=8, help="eval prompts from the validation data")
     parser.add_argument("--max_new_tokens", type=_positive_int, default=64, help="at least 1 (one verify step)")
     parser.add_argument("--val_files", default=None, help="override the checkpoint's validation files")
@@ -187,8 +274,14 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
         cost = measure_verify_cost(module.target, max_block=module.hparams.block_size)
         print(f"measured verify cost T(n) = {cost[0] * 1e3:.2f} ms + {cost[1] * 1e3:.3f} ms * n")
         schedules.append(("cost", *cost))
-    rows = decode_table(module, prompts, modes, args.temperature, schedules, args.max_new_tokens, args.k)
+    if args.baseline and args.temperature > 0:
+        print("--baseline compares greedy outputs: skipped at temperature > 0")
+    rows = decode_table(
+        module, prompts, modes, args.temperature, schedules, args.max_new_tokens, args.k, baseline=args.baseline
+    )
     print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {args.temperature}")
+    if args.cost_model:
+        print_verify_length_table(verify_length_table(rows, cost), cost)
     if args.json:
         Path(args.json).write_text(dumps_json(rows, indent=2))
     return rows

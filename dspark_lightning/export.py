@@ -44,7 +44,9 @@ Decisions where the public format is silent or cannot express what we train:
   absolute ids; a d2t that is not ascending is sorted and the Vd-row tensors permuted with it (our draft vocab is
   kept sorted); ``aux_hidden_state_scales`` (a per-layer fc input scale some trainers add) is folded into ``fc``;
   a reduced-vocab ``lm_head`` equal to the target's rows becomes the frozen target rows, otherwise a trained
-  ``draft_lm_head``. Unsupported features (attention bias, rope scaling, sliding windows, aux layer 0) raise.
+  ``draft_lm_head``. Sliding-window layers (``layer_types``, ``sliding_window``) are exported with
+  ``sliding_window_non_causal`` true (our blocks are bidirectional). Unsupported features (attention bias, rope
+  scaling, sliding windows with causal blocks, aux layer 0) raise.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def build_config(
         )
     target = _target_config_dict(target_config, verifier_name_or_path)
     head = drafter.markov_head
+    sliding = "sliding_attention" in bc.layer_types
     # fmt: off
     layer_config = {
         "model_type": "qwen3", "hidden_size": bc.hidden_size, "intermediate_size": bc.intermediate_size,
@@ -165,8 +168,9 @@ def build_config(
         "rms_norm_eps": bc.rms_norm_eps, "vocab_size": drafter.verifier_vocab_size,
         "max_position_embeddings": target.get("max_position_embeddings", 32768),
         "rope_theta": bc.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": bc.rope_theta},
-        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
-        "layer_types": ["full_attention"] * bc.num_layers, "tie_word_embeddings": False,
+        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": sliding,
+        "sliding_window": bc.sliding_window if sliding else None, "layer_types": list(bc.layer_types),
+        "tie_word_embeddings": False,
     }
     # fmt: on
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -183,7 +187,9 @@ def build_config(
         "block_size": block, "max_anchors": cfg.max_anchors,
         "target_hidden_size": None,  # None = the draft's hidden size (ours always equals the target's)
         "aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "mask_token_id": cfg.mask_token_id,
-        "sample_from_anchor": cfg.sample_from_anchor, "sliding_window_non_causal": False,
+        "sample_from_anchor": cfg.sample_from_anchor,
+        # our blocks attend bidirectionally; speculators makes sliding-window blocks causal unless this is set
+        "sliding_window_non_causal": sliding,
         "markov_rank": head.rank if head is not None and not candidate_selector else 0,
         "markov_head_type": head.head_type if head is not None else "vanilla",
         "enable_confidence_head": drafter.confidence_head is not None,
@@ -343,6 +349,15 @@ def read_exported(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor
     raise FileNotFoundError(f"{directory} has no {WEIGHTS_NAME} (pickled .bin checkpoints are not read)")
 
 
+def _layer_types(layer: dict) -> list[str] | None:
+    """Per-layer attention types of a transformer layer config: ``layer_types``, else from ``use_sliding_window``."""
+    if layer.get("layer_types"):
+        return list(layer["layer_types"])
+    if layer.get("use_sliding_window"):
+        return ["sliding_attention"] * int(layer["num_hidden_layers"])
+    return None
+
+
 def _check_supported(config: dict, layer: dict) -> None:
     rope = layer.get("rope_parameters") or {}
     scaling = layer.get("rope_scaling") or {}
@@ -351,8 +366,11 @@ def _check_supported(config: dict, layer: dict) -> None:
         problems.append(f"rope scaling ({rope or scaling})")
     if layer.get("attention_bias"):
         problems.append("attention bias")
-    if layer.get("use_sliding_window") or "sliding_attention" in (layer.get("layer_types") or []):
-        problems.append("sliding-window attention")
+    if _layer_types(layer) is not None and "sliding_attention" in _layer_types(layer):
+        if not config.get("sliding_window_non_causal"):
+            problems.append("sliding-window layers with causal blocks (sliding_window_non_causal false)")
+        if not layer.get("sliding_window"):
+            problems.append("sliding_attention layers without a sliding_window")
     if layer.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {layer['hidden_act']!r}")
     if config.get("target_hidden_size") not in (None, layer["hidden_size"]):
@@ -473,6 +491,8 @@ def load_exported(
         rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10_000.0),
         num_context_layers=len(layer_ids),
+        sliding_window=int(layer["sliding_window"]) if "sliding_attention" in (_layer_types(layer) or []) else None,
+        layer_types=_layer_types(layer),
     )
     drafter_config = DrafterConfig(
         block_size=int(config.get("block_size", 8)),
@@ -489,6 +509,8 @@ def load_exported(
         num_kv_heads=backbone.num_kv_heads,
         head_dim=backbone.head_dim,
         intermediate_size=backbone.intermediate_size,
+        sliding_window=backbone.sliding_window,
+        layer_types=backbone.layer_types,
     )
     drafter = DSparkDrafter(drafter_config, backbone, target.embed_tokens, target.lm_head, vocab)
 

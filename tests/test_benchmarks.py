@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_quickstart, bench_scaling, bench_train_step, run_all  # noqa: E402
+from benchmarks import bench_decode, bench_quickstart, bench_scaling, bench_train_step, run_all  # noqa: E402
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -49,6 +49,17 @@ def test_scaling_quick_writes_table_and_plots(tmp_path):
     for sweep in ("seq_len", "anchors"):
         assert (tmp_path / f"scaling_{sweep}_quick.png").stat().st_size > 0
     assert "| seq_len | 512 | 128 |" in (tmp_path / "scaling_quick.md").read_text()
+
+
+def test_decode_quick_writes_speedup_and_context_sweep(tmp_path):
+    report = bench_decode.run(quick=True, out_dir=tmp_path, log=lambda *_: None)
+    assert [(r["mode"], r["drafter_cache"]) for r in report["speedup"]] == [("markov", True), ("markov", False)]
+    assert all(r["outputs_equal"] and r["speedup"] > 0 for r in report["speedup"])  # greedy: lossless
+    header, records = read_csv(tmp_path / "decode_quick.csv")
+    assert header == bench_decode.COLUMNS and [int(r["context"]) for r in records] == list(bench_decode.LENGTHS[:2])
+    assert all(float(r["cached_ms"]) > 0 and float(r["uncached_ms"]) > 0 for r in records)
+    assert (tmp_path / "decode_quick_context.png").stat().st_size > 0
+    assert "untrained drafter" in (tmp_path / "decode_quick.md").read_text()
 
 
 def test_quickstart_results_from_a_run_directory(tmp_path):

@@ -68,6 +68,14 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
         assert 1.0 <= row["tau"] <= 1 + 8
         assert 1.0 <= row["mean_verified"] <= 8
     assert by_mode[("markov", 0.3)]["mean_verified"] <= by_mode[("markov", None)]["mean_verified"]
+    # the baseline: the target's own generate, timed alternately; greedy outputs equal
+    for row in rows:
+        assert row["outputs_equal"] and row["speedup"] > 0 and row["baseline_tokens_per_second"] > 0
+        assert set(row["phase_ms_per_step"]) == {"draft_backbone", "draft_head", "verify", "bookkeeping"}
+    # the cost model's verify-length report on the whole-block rows
+    for mode in ("parallel", "markov", "selector"):
+        best = by_mode[(mode, None)]["verify_length"]
+        assert 1 <= best["best_n"] <= 8 and len(best["tokens_per_second"]) == len(best["expected_tokens"])
 
 
 def test_calibrate_command_stores_temperatures(trained_checkpoint, tmp_path):

@@ -176,6 +176,27 @@ def test_pair_scores_equal_head_logits_restricted_to_candidates(form, reduced_vo
         torch.testing.assert_close(cached, expected, rtol=0, atol=1e-12)
 
 
+def test_default_gate_table_is_cached_and_follows_weight_changes():
+    from dspark_lightning.selector import _cached_prev_gate_table
+
+    head = make_head(PAIR_FORMS[1], seed=21)
+    base, first_prev, hidden = make_block(3, 4, 11, 11, 6, seed=21)
+    with torch.no_grad():
+        _, default = pair_scores(base, head, first_prev, hidden, 5)  # no autograd: the cached table is used
+        table = _cached_prev_gate_table(head)
+        assert table is _cached_prev_gate_table(head)  # built once
+        _, explicit = pair_scores(base, head, first_prev, hidden, 5, prev_gate_table=precompute_prev_gate_table(head))
+        _, per_predecessor = pair_scores(base, head, first_prev, hidden, 5, prev_gate_table=False)
+        assert torch.equal(default, explicit)
+        torch.testing.assert_close(default, per_predecessor, rtol=0, atol=1e-12)
+        head.gate_proj.weight.mul_(2.0)  # an in-place update (as an optimizer step) invalidates the table
+        assert _cached_prev_gate_table(head) is not table
+        _, changed = pair_scores(base, head, first_prev, hidden, 5)
+        torch.testing.assert_close(
+            changed, pair_scores(base, head, first_prev, hidden, 5, prev_gate_table=False)[1], rtol=0, atol=1e-12
+        )
+
+
 def test_pair_scores_are_differentiable_and_match_the_inference_path():
     head = make_head(PAIR_FORMS[1], seed=12).requires_grad_(True)
     base, first_prev, hidden = make_block(3, 4, 11, 11, 6, seed=12)

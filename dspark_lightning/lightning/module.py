@@ -139,6 +139,8 @@ class DSparkModule(L.LightningModule):
         head_dim: int | None = None,
         intermediate_size: int | None = None,
         attention_backend: str = "auto",
+        sliding_window: int | None = None,
+        layer_types: list[str] | None = None,
         seed: int = 0,
         val_anchor_stride: int | None = None,
         lr_warmup_steps: int = 50,
@@ -180,6 +182,9 @@ class DSparkModule(L.LightningModule):
             num_heads: draft attention heads (None = the target's); likewise num_kv_heads, head_dim,
                 intermediate_size.
             attention_backend: ``auto`` (flex on CUDA, sdpa on CPU), ``sdpa`` or ``flex``.
+            sliding_window: context window of the sliding draft layers (None = full attention).
+            layer_types: ``full_attention`` / ``sliding_attention`` per draft layer (None = all sliding when
+                sliding_window is set).
             seed: seed of the training anchor sampler (combined with the global step and the rank).
             val_anchor_stride: evaluation anchors sit at in-document positions that are multiples of this
                 (None = block_size: non-overlapping blocks tiling every supervised stretch).
@@ -227,6 +232,8 @@ class DSparkModule(L.LightningModule):
             head_dim=head_dim,
             intermediate_size=intermediate_size,
             attention_backend=attention_backend,
+            sliding_window=sliding_window,
+            layer_types=layer_types,
         )
         vocab = load_draft_vocab(draft_vocab, self.target.vocab_size) if draft_vocab else None
         self.drafter = DSparkDrafter.for_target(self.drafter_config, self.target, vocab)

@@ -2,6 +2,7 @@
 
 from dspark_lightning.models.backbone import Anchors, BackboneConfig, DFlashBackbone, default_target_layer_ids
 from dspark_lightning.models.confidence import ConfidenceHead
+from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter import DrafterConfig, DrafterOutput, DSparkDrafter
 from dspark_lightning.models.markov import (
     GatedMarkov,
@@ -20,6 +21,7 @@ __all__ = [
     "ConfidenceHead",
     "DFlashBackbone",
     "DSparkDrafter",
+    "DraftContextCache",
     "DraftVocab",
     "DrafterConfig",
     "DrafterOutput",

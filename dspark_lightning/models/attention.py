@@ -64,6 +64,7 @@ class BlockVisibility:
     anchor_documents: torch.Tensor
     context_documents: torch.Tensor
     block_size: int
+    window: int | None = None  # sliding layers: context i visible only if i >= anchor - window
 
     @property
     def num_queries(self) -> int:
@@ -82,6 +83,8 @@ class BlockVisibility:
         context_visible = (self.context_documents[:, None, :] == docs[:, :, None]) & (
             ctx_idx[None, None, :] < anchors[:, :, None]
         )
+        if self.window is not None:
+            context_visible &= ctx_idx[None, None, :] >= anchors[:, :, None] - self.window
         block_id = torch.arange(self.num_queries, device=anchors.device) // B
         block_visible = (block_id[:, None] == block_id[None, :]).expand(anchors.shape[0], -1, -1)
         return torch.cat((context_visible, block_visible), dim=-1).unsqueeze(1)
@@ -100,12 +103,14 @@ class BlockVisibility:
             (batch, self.num_queries), -3, dtype=self.context_documents.dtype, device=self.context_documents.device
         )
         kv_documents = torch.cat((self.context_documents, pad), dim=1)
-        anchor_positions, anchor_documents = self.anchor_positions, self.anchor_documents
+        anchor_positions, anchor_documents, window = self.anchor_positions, self.anchor_documents, self.window
 
         def mask_mod(b, h, q_idx, kv_idx):
             block = q_idx // B
             in_context = (kv_idx < S) & (kv_documents[b, kv_idx] == anchor_documents[b, block])
             in_context = in_context & (kv_idx < anchor_positions[b, block])
+            if window is not None:
+                in_context = in_context & (kv_idx >= anchor_positions[b, block] - window)
             own_block = (kv_idx >= S) & ((kv_idx - S) // B == block)
             return in_context | own_block
 
@@ -153,27 +158,40 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, rms_norm_eps)
 
+    def project_context(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (after k_norm and rotary, as attention uses them) and values [b, kv_heads, n, d] of inputs [b, n, H]."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))).transpose(1, 2)
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, k.dtype)
+        return apply_rotary(k, cos, sin), v
+
     def forward(
         self,
         block_hidden: torch.Tensor,
-        context: torch.Tensor,
+        context: torch.Tensor | None,
         block_positions: torch.Tensor,
-        context_positions: torch.Tensor,
+        context_positions: torch.Tensor | None,
         attn_mask=None,
+        context_cache=None,
+        layer_index: int = 0,
+        window: int | None = None,
     ) -> torch.Tensor:
         """block_hidden [b, Q, H], context [b, S, H] -> [b, Q, H].
 
         ``attn_mask`` comes from ``BlockVisibility.build(backend)``: a dense boolean tensor (SDPA), a FlexAttention
-        ``BlockMask`` (flex), or ``None`` (every query sees every key).
+        ``BlockMask`` (flex), or ``None`` (every query sees every key). With a ``DraftContextCache`` the context
+        keys/values come from it (``context`` and ``context_positions`` are ignored), the last ``window`` of them
+        for a sliding layer.
         """
-        kv_input = torch.cat((context, block_hidden), dim=1)
-        kv_positions = torch.cat((context_positions, block_positions), dim=1)
         q = self.q_norm(self.q_proj(block_hidden).unflatten(-1, (self.num_heads, self.head_dim))).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_input).unflatten(-1, (self.num_kv_heads, self.head_dim))).transpose(1, 2)
-        v = self.v_proj(kv_input).unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
         cos_q, sin_q = rotary_cos_sin(block_positions, self.head_dim, self.rope_theta, q.dtype)
-        cos_k, sin_k = rotary_cos_sin(kv_positions, self.head_dim, self.rope_theta, k.dtype)
-        q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
+        q = apply_rotary(q, cos_q, sin_q)
+        if context_cache is not None:
+            k, v = context_cache.layer_view(layer_index, *self.project_context(block_hidden, block_positions), window)
+        else:
+            k, v = self.project_context(
+                torch.cat((context, block_hidden), dim=1), torch.cat((context_positions, block_positions), dim=1)
+            )
 
         # under autocast the fp32 norm weights promote q/k to fp32 while v stays bf16: give all three one dtype
         q, k = q.to(v.dtype), k.to(v.dtype)

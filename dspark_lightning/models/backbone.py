@@ -6,6 +6,8 @@ Qwen3-style draft layers whose attention reads [fused context ; block tokens] (`
 the target's hidden size and Qwen3 parameter names, so the target's embedding and LM head are reused frozen and
 export is a renaming. Anchor validity, the ``uniform`` / ``per_document`` budgets (Sainte-Lague shares), evaluation
 anchors and coverage: docs/design.md §3.
+Sliding-window layers (``sliding_window`` W, ``layer_types``): a block anchored at p sees context p - W .. p - 1 of
+its document and its own block (the speculators DSpark rule); one mask per layer type from the same ``BlockVisibility``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def default_target_layer_ids(num_target_layers: int, num_layers: int) -> list[in
     return [round(start + i * (end - start) / (num_layers - 1)) for i in range(num_layers)]
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 @dataclass
 class BackboneConfig:
     """Shape of the draft backbone. ``from_target`` fills what a config file leaves as None."""
@@ -47,14 +52,34 @@ class BackboneConfig:
     rope_theta: float = 1_000_000.0
     num_context_layers: int = 1
     attention_backend: str = "auto"
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (or None for full attention), got {self.sliding_window}")
+        if self.layer_types is None:  # a window without layer types: every layer slides
+            self.layer_types = ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_layers
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries, expected num_layers = {self.num_layers}"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"layer_types: unknown {unknown}; expected entries of {LAYER_TYPES}")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types names sliding_attention layers but sliding_window is not set")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}; expected one of {ATTENTION_BACKENDS}"
             )
+
+    def layer_window(self, index: int) -> int | None:
+        """The context window of draft layer ``index`` (None = full attention)."""
+        return self.sliding_window if self.layer_types[index] == "sliding_attention" else None
 
 
 class SwiGLU(nn.Module):
@@ -71,8 +96,10 @@ class SwiGLU(nn.Module):
 class DraftDecoderLayer(nn.Module):
     """Pre-norm Qwen3 decoder layer whose attention also reads the fused target context."""
 
-    def __init__(self, config: BackboneConfig) -> None:
+    def __init__(self, config: BackboneConfig, layer_index: int = 0) -> None:
         super().__init__()
+        # a sliding layer sees the context positions i >= anchor - window (its own block always)
+        self.sliding_window = config.layer_window(layer_index)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DraftAttention(
             config.hidden_size,
@@ -85,8 +112,24 @@ class DraftDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, context, block_positions, context_positions, attn_mask):
-        x = x + self.self_attn(self.input_layernorm(x), context, block_positions, context_positions, attn_mask)
+    def forward(self, x, context, block_positions, context_positions, attn_mask, context_cache=None, layer_index=0):
+        window = self.sliding_window
+        if isinstance(attn_mask, dict):  # one mask per layer type (built by the drafter when some layers slide)
+            attn_mask = attn_mask["sliding_attention" if window else "full_attention"]
+        elif window and attn_mask is None and context is not None:
+            # no mask = one block after the whole context (inference): the window is its last ``window`` tokens
+            context, context_positions = context[:, -window:], context_positions[:, -window:]
+        attended = self.self_attn(
+            self.input_layernorm(x),
+            context,
+            block_positions,
+            context_positions,
+            attn_mask,
+            context_cache,
+            layer_index,
+            window,
+        )
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -98,7 +141,7 @@ class DFlashBackbone(nn.Module):
         self.config = config
         self.fc = nn.Linear(config.num_context_layers * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.layers = nn.ModuleList(DraftDecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DraftDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def fuse_context(self, context_features: torch.Tensor) -> torch.Tensor:
@@ -118,11 +161,16 @@ class DFlashBackbone(nn.Module):
         block_positions: torch.Tensor,
         context_positions: torch.Tensor,
         attn_mask=None,
+        context_cache=None,
     ) -> torch.Tensor:
-        """block_embeddings [b, Q, H], fused context [b, S, H] -> draft hidden [b, Q, H]."""
+        """block_embeddings [b, Q, H], fused context [b, S, H] -> draft hidden [b, Q, H].
+
+        With a ``DraftContextCache`` (``models.context_cache``) the layers read their context keys/values from it and
+        ``context`` / ``context_positions`` are ignored (pass None).
+        """
         x = block_embeddings
-        for layer in self.layers:
-            x = layer(x, context, block_positions, context_positions, attn_mask)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, context, block_positions, context_positions, attn_mask, context_cache, index)
         return self.norm(x)
 
 

@@ -37,6 +37,7 @@ from dspark_lightning.models.backbone import (
     sample_anchors,
 )
 from dspark_lightning.models.confidence import ConfidenceHead
+from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov, markov_config_from
 from dspark_lightning.models.vocab import DraftVocab
 
@@ -58,6 +59,10 @@ class DrafterConfig:
         train_lm_head: with a draft vocabulary, train a separate draft LM head (else reuse target rows, frozen).
         num_heads, num_kv_heads, head_dim, intermediate_size: draft layer shape; None = the target's.
         attention_backend: ``auto`` (flex on CUDA, sdpa otherwise), ``sdpa`` or ``flex``.
+        sliding_window: context window W of the sliding layers: a block anchored at p sees context positions
+            p - W .. p - 1 (its own block always, bidirectionally); None = full attention everywhere.
+        layer_types: per draft layer ``full_attention`` or ``sliding_attention``; None = all sliding when
+            ``sliding_window`` is set, else all full.
     """
 
     block_size: int = 8
@@ -75,6 +80,8 @@ class DrafterConfig:
     head_dim: int | None = None
     intermediate_size: int | None = None
     attention_backend: str = "auto"
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 2:
@@ -171,6 +178,8 @@ class DSparkDrafter(nn.Module):
             rope_theta=_rope_theta(tc),
             num_context_layers=len(target.target_layer_ids),
             attention_backend=config.attention_backend,
+            sliding_window=config.sliding_window,
+            layer_types=config.layer_types,
         )
         return cls(config, backbone_config, target.embed_tokens, target.lm_head, draft_vocab)
 
@@ -214,7 +223,13 @@ class DSparkDrafter(nn.Module):
         context = self.backbone.fuse_context(context_features.to(block.dtype))
         block_positions = (anchor_rotary[:, :, None] + torch.arange(B, device=block.device)).flatten(1)
         backend = resolve_backend(self.backbone.config.attention_backend, block.device)
-        attn_mask = visibility.build(backend) if visibility is not None else None
+        attn_mask = None
+        if visibility is not None:
+            attn_mask = visibility.build(backend)
+            window = self.backbone.config.sliding_window
+            if "sliding_attention" in self.backbone.config.layer_types:  # one more mask, for the sliding layers
+                sliding = dataclasses.replace(visibility, window=window).build(backend)
+                attn_mask = {"full_attention": attn_mask, "sliding_attention": sliding}
         hidden = self.backbone(block, context, block_positions, context_positions, attn_mask)
         return hidden.view(b, A, B, -1)
 
@@ -314,6 +329,28 @@ class DSparkDrafter(nn.Module):
         hidden = self._run_backbone(
             anchor_tokens[:, None], anchor_positions[:, None], context_features, context_positions, visibility
         )[:, 0]
+        return self.output_logits(hidden), hidden
+
+    def new_context_cache(self, batch: int = 1, device=None, capacity: int = 256) -> DraftContextCache:
+        """An empty ``DraftContextCache`` for ``draft_cached``; fill it with ``cache.extend(target_features)``."""
+        weight = self.backbone.fc.weight
+        return DraftContextCache(
+            self.backbone, batch, device or weight.device, self.embed_tokens.weight.dtype, capacity=capacity
+        )
+
+    @torch.no_grad()
+    def draft_cached(
+        self, cache: DraftContextCache, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``draft`` after the prefix held in ``cache`` (every row fully valid): base logits [b, B, Vd], hidden [b, B, H].
+
+        Equals ``draft(features, arange(S), anchor_tokens, anchor_positions)`` for the features the cache was
+        extended with, without re-projecting them.
+        """
+        B = self.block_size
+        block = self._block_embeddings(anchor_tokens[:, None]).flatten(1, 2)
+        block_positions = anchor_positions[:, None] + torch.arange(B, device=block.device)
+        hidden = self.backbone(block, None, block_positions, None, None, context_cache=cache)
         return self.output_logits(hidden), hidden
 
 

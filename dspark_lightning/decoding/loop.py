@@ -12,80 +12,30 @@ One step (batch 1):
      to the target's argmax. Sampling: accept d_i with probability min(1, p(d_i) / q(d_i)), else resample from
      (p - q)_+ normalised and stop (standard speculative rejection sampling: the output distribution is exactly the
      target's). The target's own next token is always emitted, so every target forward yields >= 1 token.
-  5. The KV cache is cropped to the accepted prefix; the target's hidden states of the accepted tokens are appended
-     to the drafter's context.
+  5. The KV cache is cropped to the accepted prefix; the target's hidden states of the anchor and the accepted
+     tokens extend the drafter's context cache (``DraftContextCache``: fused features and every draft layer's
+     context keys/values, projected once per token), so a draft step does not re-project the prefix.
 At temperature 0 the output equals ``target.generate(do_sample=False)`` token for token (tests check it for every
-mode, with EOS and ``max_new_tokens`` falling inside a block).
+mode, with EOS and ``max_new_tokens`` falling inside a block). ``drafter_cache=False`` re-projects the whole prefix
+every step instead (the reference the cache is tested against: same tokens).
 
 Design choices: batch size 1 (a clear error otherwise) - acceptance is per row and a batched loop needs ragged KV
-caches, which serving engines do and this reference loop does not need; the drafter recomputes its context
-projections from the stored target features each step (simple and exact; a serving engine caches them).
+caches, which serving engines do and this reference loop does not need. Phase times (``DecodeStats``) synchronise
+CUDA at each phase boundary so that they measure the phase, not the kernel queue.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, field
 
 import torch
 
+from dspark_lightning.decoding.stats import DecodeStats
 from dspark_lightning.models.drafter import DSparkDrafter
 from dspark_lightning.selector import selector_walk, sequential_walk
 
 MODES = ("parallel", "markov", "selector")
-
-
-@dataclass
-class DecodeStats:
-    mode: str
-    k: int
-    temperature: float
-    confidence_threshold: float | None
-    accepted_per_step: list[int] = field(default_factory=list)  # drafted tokens accepted per verification
-    verified_per_step: list[int] = field(default_factory=list)  # drafted tokens sent to verification
-    emitted_per_step: list[int] = field(default_factory=list)  # tokens appended per target forward
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    new_tokens: int = 0
-
-    @property
-    def target_forwards(self) -> int:
-        return len(self.emitted_per_step)
-
-    @property
-    def tau(self) -> float:
-        """Tokens emitted per verifying target forward (the measured acceptance length)."""
-        return sum(self.emitted_per_step) / max(1, self.target_forwards)
-
-    @property
-    def accepted_rate_per_slot(self) -> list[float]:
-        """P(slot k accepted | it was verified) over the run."""
-        longest = max(self.verified_per_step, default=0)
-        rates = []
-        for slot in range(longest):
-            tried = sum(1 for v, a in zip(self.verified_per_step, self.accepted_per_step) if v > slot and a >= slot)
-            ok = sum(1 for v, a in zip(self.verified_per_step, self.accepted_per_step) if v > slot and a > slot)
-            rates.append(ok / tried if tried else float("nan"))
-        return rates
-
-    def as_dict(self) -> dict:
-        total = self.draft_seconds + self.verify_seconds + self.prefill_seconds
-        return dict(
-            mode=self.mode,
-            k=self.k,
-            temperature=self.temperature,
-            confidence_threshold=self.confidence_threshold,
-            new_tokens=self.new_tokens,
-            target_forwards=self.target_forwards,
-            tau=self.tau,
-            mean_verified=sum(self.verified_per_step) / max(1, len(self.verified_per_step)),
-            draft_seconds=self.draft_seconds,
-            verify_seconds=self.verify_seconds,
-            tokens_per_second=self.new_tokens / total if total > 0 else float("nan"),
-            accepted_rate_per_slot=self.accepted_rate_per_slot,
-        )
 
 
 def _hf_model(target):
@@ -154,45 +104,6 @@ def scheduled_length(
 
 
 @torch.no_grad()
-def measure_verify_cost(
-    target, prompt_length: int = 64, max_block: int = 16, repeats: int = 5, device: str | torch.device = "cpu"
-) -> tuple[float, float]:
-    """Fit T(n) = t0 + t1 * n, the wall time of one verifying target forward over n+1 new tokens on a cached prefix.
-
-    Times the real target (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by
-    least squares; the result is the ``cost_model`` argument of ``speculative_generate``.
-    """
-    from transformers import DynamicCache
-
-    model = _hf_model(target)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, prompt_length), generator=generator).to(device)
-    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    lengths, seconds = [], []
-    for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
-        block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
-        times = []
-        for _ in range(repeats):
-            cache = DynamicCache()
-            model(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
-            if torch.cuda.is_available() and torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            model(input_ids=block, use_cache=True, **{cache_kwarg: cache})
-            if torch.cuda.is_available() and torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        lengths.append(n)
-        seconds.append(sorted(times)[len(times) // 2])
-    x = torch.tensor(lengths[1:], dtype=torch.float64)
-    y = torch.tensor(seconds[1:], dtype=torch.float64)
-    design = torch.stack((torch.ones_like(x), x), dim=1)
-    t0, t1 = torch.linalg.lstsq(design, y[:, None]).solution[:, 0].tolist()
-    return max(t0, 1e-9), max(t1, 0.0)
-
-
-@torch.no_grad()
 def speculative_generate(
     target,
     drafter: DSparkDrafter,
@@ -206,11 +117,13 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     cost_model: tuple[float, float] | None = None,
     eos_token_id: int | list[int] | None = None,
+    drafter_cache: bool = True,
 ) -> tuple[torch.Tensor, DecodeStats]:
     """Speculative generation; returns (prompt + new tokens [1, T], stats). See the module docstring.
 
     ``target`` is a ``FrozenTarget`` or a Hugging Face causal LM (then ``drafter.config.target_layer_ids`` says
     which layers feed the drafter). ``eos_token_id`` defaults to the target's generation config.
+    ``drafter_cache=False`` recomputes the drafter's context projections over the whole prefix at every step.
     """
     from transformers import DynamicCache
 
@@ -232,6 +145,11 @@ def speculative_generate(
     first = drafter.config.first_trained_slot
     cache = DynamicCache()
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
 
     def target_forward(tokens: torch.Tensor, start: int):
         positions = torch.arange(start, start + tokens.shape[1], device=device)[None]
@@ -246,32 +164,41 @@ def speculative_generate(
             return int(logits_row.argmax())
         return int(torch.multinomial(torch.softmax(logits_row / temperature, -1), 1, generator=generator))
 
-    start = time.perf_counter()
+    start = clock()
     logits, context = target_forward(input_ids, 0)
-    stats.prefill_seconds = time.perf_counter() - start
+    context_cache = None
+    if drafter_cache:
+        context_cache = drafter.new_context_cache(device=device, capacity=input_ids.shape[1] + 2 * drafter.block_size)
+        context_cache.extend(context)
     generated: list[int] = [choose(logits[-1])]
-    processed = input_ids.shape[1]  # tokens in the KV cache and in ``context``
+    processed = input_ids.shape[1]  # tokens in the KV cache and in the drafter's context
+    stats.prefill_seconds = clock() - start
 
     while len(generated) < max_new_tokens and generated[-1] not in eos:
         anchor = torch.tensor([generated[-1]], device=device)
-        t0 = time.perf_counter()
-        base, hidden = drafter.draft(
-            context, torch.arange(processed, device=device)[None], anchor, torch.tensor([processed], device=device)
-        )
+        t0 = clock()
+        if context_cache is not None:
+            base, hidden = drafter.draft_cached(context_cache, anchor, torch.tensor([processed], device=device))
+        else:
+            positions = torch.arange(processed, device=device)[None]
+            base, hidden = drafter.draft(context, positions, anchor, torch.tensor([processed], device=device))
         base, hidden = base[:, first:], hidden[:, first:]
+        t1 = clock()
+        stats.draft_backbone_seconds += t1 - t0
         drafted, q = draft_block(drafter, base, hidden, anchor, mode, k, temperature, generator)
         block = drafted.shape[0]
         if confidence_threshold is not None or cost_model is not None:
             prev = torch.cat((anchor, drafted[:-1]))[None]
             n = scheduled_length(prefix_survival(drafter, hidden, prev), block, confidence_threshold, cost_model)
             drafted, q = drafted[:n], (q[:n] if q is not None else None)
-        stats.draft_seconds += time.perf_counter() - t0
+        t2 = clock()
+        stats.draft_head_seconds += t2 - t1
 
-        t0 = time.perf_counter()
         verify_tokens = torch.cat((anchor, drafted))[None]
         logits, features = target_forward(verify_tokens, processed)
         accepted, next_token = _verify(drafted, q, logits, drafter, temperature, generator)
-        stats.verify_seconds += time.perf_counter() - t0
+        t3 = clock()
+        stats.verify_seconds += t3 - t2
 
         new = drafted[:accepted].tolist() + [next_token]
         stats.verified_per_step.append(drafted.shape[0])
@@ -281,9 +208,13 @@ def speculative_generate(
         surplus = cache.get_seq_length() - keep
         if surplus > 0:
             cache.crop(-surplus)  # negative = "remove this many", valid in transformers 4.x and 5.x
-        context = torch.cat((context, features[:, : 1 + accepted]), dim=1)
+        if context_cache is not None:
+            context_cache.extend(features[:, : 1 + accepted])
+        else:
+            context = torch.cat((context, features[:, : 1 + accepted]), dim=1)
         processed = keep
         generated.extend(new)
+        stats.bookkeeping_seconds += clock() - t3
 
     generated = _truncate(generated, max_new_tokens, eos)
     stats.new_tokens = len(generated)

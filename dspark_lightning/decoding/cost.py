@@ -1,0 +1,82 @@
+"""The cost model of a decoding step: measured verify cost T(n) = t0 + t1 * n, and the verify length it favours."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+
+import torch
+
+
+@torch.no_grad()
+def measure_verify_cost(
+    target, prompt_length: int = 64, max_block: int = 16, repeats: int = 5, device: str | torch.device = "cpu"
+) -> tuple[float, float]:
+    """Fit T(n) = t0 + t1 * n, the wall time of one verifying target forward over n+1 new tokens on a cached prefix.
+
+    Times the real target (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by
+    least squares; the result is the ``cost_model`` argument of ``speculative_generate``.
+    """
+    from transformers import DynamicCache
+
+    model = getattr(target, "model", target) if not hasattr(target, "generate") else target
+    vocab = model.get_input_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, prompt_length), generator=generator).to(device)
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    lengths, seconds = [], []
+    for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
+        block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
+        times = []
+        for _ in range(repeats):
+            cache = DynamicCache()
+            model(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
+            if torch.cuda.is_available() and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(input_ids=block, use_cache=True, **{cache_kwarg: cache})
+            if torch.cuda.is_available() and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        lengths.append(n)
+        seconds.append(sorted(times)[len(times) // 2])
+    x = torch.tensor(lengths[1:], dtype=torch.float64)
+    y = torch.tensor(seconds[1:], dtype=torch.float64)
+    design = torch.stack((torch.ones_like(x), x), dim=1)
+    t0, t1 = torch.linalg.lstsq(design, y[:, None]).solution[:, 0].tolist()
+    return max(t0, 1e-9), max(t1, 0.0)
+
+
+def best_verify_length(
+    accepted_rate_per_slot: list[float],
+    step_overhead_seconds: float,
+    cost_model: tuple[float, float],
+) -> dict:
+    """Which verify length n maximises tokens per second, from measured numbers.
+
+    Args:
+        accepted_rate_per_slot: measured P(slot j accepted | slots < j accepted), from runs verifying whole blocks
+            (``DecodeStats.accepted_rate_per_slot``); a slot never reached (nan) counts as never accepted.
+        step_overhead_seconds: measured seconds per step outside the verify forward (drafter backbone + head walk
+            + bookkeeping), taken as independent of n.
+        cost_model: (t0, t1) of ``measure_verify_cost``.
+    Returns:
+        ``best_n``, and per n = 1..B: ``expected_tokens`` = 1 + sum_{j<=n} prod_{i<=j} a_i (tokens per step),
+        ``step_seconds`` = overhead + t0 + t1 * n and ``tokens_per_second`` = their ratio.
+    """
+    if not accepted_rate_per_slot:
+        raise ValueError("accepted_rate_per_slot is empty: measure a run that verifies at least one slot")
+    if step_overhead_seconds < 0:
+        raise ValueError(f"step_overhead_seconds must be >= 0, got {step_overhead_seconds}")
+    t0, t1 = cost_model
+    survival, expected, seconds, rates = 1.0, [], [], []
+    tokens = 1.0  # the target's own token: every step emits it
+    for n, rate in enumerate(accepted_rate_per_slot, start=1):
+        survival *= 0.0 if math.isnan(rate) else rate
+        tokens += survival
+        expected.append(tokens)
+        seconds.append(step_overhead_seconds + t0 + t1 * n)
+        rates.append(tokens / seconds[-1])
+    best = max(range(len(rates)), key=rates.__getitem__)
+    return dict(best_n=best + 1, expected_tokens=expected, step_seconds=seconds, tokens_per_second=rates)

@@ -1,0 +1,102 @@
+"""What one speculative-decoding run measured: acceptance per step and where the wall time went."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PHASES = ("prefill", "draft_backbone", "draft_head", "verify", "bookkeeping")
+
+
+@dataclass
+class DecodeStats:
+    """Per-step acceptance and per-phase seconds of one ``speculative_generate`` run (or several, ``merge``d).
+
+    Phases of a step: ``draft_backbone`` (the drafter forward: block projections + attention over the context),
+    ``draft_head`` (decoding the block - parallel / Markov / Selector walk - and confidence scheduling),
+    ``verify`` (the target forward over the block + acceptance), ``bookkeeping`` (cropping the target's KV cache,
+    growing the drafter's context, token lists). ``prefill`` is the target's prompt forward plus the drafter's first
+    context projection.
+    """
+
+    mode: str
+    k: int
+    temperature: float
+    confidence_threshold: float | None
+    accepted_per_step: list[int] = field(default_factory=list)  # drafted tokens accepted per verification
+    verified_per_step: list[int] = field(default_factory=list)  # drafted tokens sent to verification
+    emitted_per_step: list[int] = field(default_factory=list)  # tokens appended per target forward
+    draft_backbone_seconds: float = 0.0
+    draft_head_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    bookkeeping_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    new_tokens: int = 0
+
+    @property
+    def draft_seconds(self) -> float:
+        return self.draft_backbone_seconds + self.draft_head_seconds
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(getattr(self, f"{phase}_seconds") for phase in PHASES)
+
+    @property
+    def target_forwards(self) -> int:
+        return len(self.emitted_per_step)
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per verifying target forward (the measured acceptance length)."""
+        return sum(self.emitted_per_step) / max(1, self.target_forwards)
+
+    @property
+    def accepted_rate_per_slot(self) -> list[float]:
+        """P(slot k accepted | it was verified and every slot before it was accepted) over the run."""
+        longest = max(self.verified_per_step, default=0)
+        rates = []
+        for slot in range(longest):
+            tried = sum(1 for v, a in zip(self.verified_per_step, self.accepted_per_step) if v > slot and a >= slot)
+            ok = sum(1 for v, a in zip(self.verified_per_step, self.accepted_per_step) if v > slot and a > slot)
+            rates.append(ok / tried if tried else float("nan"))
+        return rates
+
+    def phase_ms_per_step(self) -> dict[str, float]:
+        """Mean milliseconds per decoding step of each phase (prefill: per run)."""
+        steps = max(1, self.target_forwards)
+        return {phase: getattr(self, f"{phase}_seconds") * 1e3 / steps for phase in PHASES if phase != "prefill"}
+
+    @classmethod
+    def merge(cls, runs: list[DecodeStats]) -> DecodeStats:
+        """One record over several runs (e.g. one per prompt): lists concatenated, seconds and tokens summed."""
+        if not runs:
+            raise ValueError("merge needs at least one DecodeStats")
+        first = runs[0]
+        merged = cls(first.mode, first.k, first.temperature, first.confidence_threshold)
+        for run in runs:
+            merged.accepted_per_step += run.accepted_per_step
+            merged.verified_per_step += run.verified_per_step
+            merged.emitted_per_step += run.emitted_per_step
+            merged.new_tokens += run.new_tokens
+            for phase in PHASES:
+                name = f"{phase}_seconds"
+                setattr(merged, name, getattr(merged, name) + getattr(run, name))
+        return merged
+
+    def as_dict(self) -> dict:
+        total = self.total_seconds
+        return dict(
+            mode=self.mode,
+            k=self.k,
+            temperature=self.temperature,
+            confidence_threshold=self.confidence_threshold,
+            new_tokens=self.new_tokens,
+            target_forwards=self.target_forwards,
+            tau=self.tau,
+            mean_verified=sum(self.verified_per_step) / max(1, len(self.verified_per_step)),
+            draft_seconds=self.draft_seconds,
+            **{f"{phase}_seconds": getattr(self, f"{phase}_seconds") for phase in PHASES},
+            total_seconds=total,
+            tokens_per_second=self.new_tokens / total if total > 0 else math.nan,
+            accepted_rate_per_slot=self.accepted_rate_per_slot,
+        )
