@@ -16,7 +16,6 @@ by prompt in one process, with the outputs checked equal.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from dspark_lightning.analysis import REPO_ROOT, quieted
+from dspark_lightning.checks import dumps_json
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")
@@ -166,11 +166,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 )  # fmt: skip
             row.update(head=head, block_size=cli.model.drafter.config.block_size)
             rows.append(row)
-            (output / "results.json").write_text(json.dumps({"command": args.command, "rows": rows}, indent=2))
+            # written after every head, so a long run that is stopped keeps a complete report of what finished
+            (output / "results.json").write_text(dumps_json({"command": args.command, "rows": rows}, indent=2))
+            plots = plot_results(rows, output, args.k)
+            (output / "report.md").write_text(markdown(rows, args, plots, time.perf_counter() - start))
             print(f"{head}: measured tau {row['measured_tau']:.3f}, speedup {row['wall_clock']['speedup']:.2f}x")
     finally:
         if not args.runs_dir:
             shutil.rmtree(runs, ignore_errors=True)
-    plots = plot_results(rows, output, args.k)
-    (output / "report.md").write_text(markdown(rows, args, plots, time.perf_counter() - start))
     return rows
