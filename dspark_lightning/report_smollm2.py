@@ -8,16 +8,15 @@ offline feature cache), then re-loaded with the full 30-layer target (``target_f
 the same ``report.evaluate_variant`` as the demo report: teacher-forced tau on the cached validation rows, measured
 greedy tau on held-out prompts (the validation split: no training step saw them), acceptance per slot, Selector
 agreement / coverage at k and the Selector's measured tau, calibration before/after temperature scaling. On top, the
-wall-clock comparison that decides whether a drafter pays for itself: new tokens per second of
-``speculative_generate`` against the target's own greedy ``generate`` on the same prompts, timed alternately prompt
-by prompt in one process, with the outputs checked equal.
+wall-clock comparison that decides whether a drafter pays for itself (``decoding.measure_speedup``): new tokens per
+second of ``speculative_generate`` against the target's own greedy ``generate`` on the same prompts, timed
+alternately prompt by prompt in one process, with the outputs checked equal, and the drafter's time per step.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,52 +26,11 @@ import torch
 
 from dspark_lightning.analysis import REPO_ROOT, quieted
 from dspark_lightning.checks import dumps_json
+from dspark_lightning.decoding import measure_speedup
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")
 CONFIG = REPO_ROOT / "configs/smollm2_sharegpt.yaml"
-
-
-def time_against_generate(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int, mode: str, k: int):
-    """Greedy ``generate`` and ``speculative_generate`` alternately on each prompt (one warm-up pair first);
-    returns tokens/s of both, their ratio (speedup) and how many outputs differed (must be 0)."""
-    from dspark_lightning.decoding import speculative_generate
-
-    model = getattr(target, "model", target)
-    eos = model.generation_config.eos_token_id
-
-    def baseline(ids):
-        with torch.no_grad():
-            return model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos)
-
-    def speculative(ids):
-        return speculative_generate(target, drafter, ids, max_new_tokens, mode=mode, k=k)[0]
-
-    warm = torch.tensor([list(prompts[0])])
-    baseline(warm), speculative(warm)
-    seconds = {"generate": [], "speculative": []}
-    tokens = {"generate": 0, "speculative": 0}
-    mismatches = 0
-    for prompt in prompts:
-        ids = torch.tensor([list(prompt)])
-        outputs = {}
-        for name, run in (("generate", baseline), ("speculative", speculative)):
-            start = time.perf_counter()
-            outputs[name] = run(ids)
-            seconds[name].append(time.perf_counter() - start)
-            tokens[name] += outputs[name].shape[1] - ids.shape[1]
-        mismatches += outputs["generate"].tolist() != outputs["speculative"].tolist()
-    rate = {name: tokens[name] / sum(seconds[name]) for name in seconds}
-    per_prompt = [g / s for g, s in zip(seconds["generate"], seconds["speculative"])]
-    return {
-        "mode": mode,
-        "generate_tokens_per_second": rate["generate"],
-        "speculative_tokens_per_second": rate["speculative"],
-        "speedup": rate["speculative"] / rate["generate"],
-        "median_prompt_speedup": statistics.median(per_prompt),
-        "mismatched_outputs": mismatches,
-        "prompts": len(prompts),
-    }
 
 
 def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str]):
@@ -104,9 +62,9 @@ def evaluate_head(cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blo
         online, cli.datamodule, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k, max_blocks=max_blocks
     )
     prompts = cli.datamodule.eval_prompts()[:num_prompts]
-    row["wall_clock"] = time_against_generate(
-        online.target, online.drafter, prompts, max_new_tokens, row["measured_mode"], k
-    )
+    timing = measure_speedup(online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k)
+    timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
+    row["wall_clock"] = timing
     return row
 
 
@@ -121,17 +79,21 @@ def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
         "tokens, greedy.",
         "",
         f"| head | teacher-forced tau | TF greedy tau | measured tau | Selector tau (k={k}) | agreement@{k} "
-        f"| coverage@{k} | prefix ECE raw -> calibrated | generate tok/s | speculative tok/s | speedup | outputs equal |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
+        f"| coverage@{k} | prefix ECE raw -> calibrated | generate tok/s | speculative tok/s | speedup "
+        "| draft / verify ms per step | outputs equal |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         w = r["wall_clock"]
+        phases = w["phase_ms_per_step"]
+        draft = phases["draft_backbone"] + phases["draft_head"]
         lines.append(
             f"| {r['head']} | {_fmt(r['teacher_tau'])} | {_fmt(r['teacher_greedy_tau'])} | {_fmt(r['measured_tau'])} "
             f"({r['measured_mode']}) | {_fmt(r['measured_selector_tau'])} | {_fmt(r['agreement_at_k'])} "
             f"| {_fmt(r['coverage_at_k'])} | {_fmt(r['ece_before'], 4)} -> {_fmt(r['ece_after'], 4)} "
-            f"| {w['generate_tokens_per_second']:.1f} | {w['speculative_tokens_per_second']:.1f} | {w['speedup']:.2f}x "
-            f"| {'yes' if w['mismatched_outputs'] == 0 else 'NO: ' + str(w['mismatched_outputs'])} |"
+            f"| {w['baseline_tokens_per_second']:.1f} | {w['speculative_tokens_per_second']:.1f} | {w['speedup']:.2f}x "
+            f"| {draft:.1f} / {phases['verify']:.1f} "
+            f"| {'yes' if w['outputs_equal'] else 'NO: prompts ' + str(w['mismatches'])} |"
         )
     lines += ["", *[f"![{Path(p).stem}]({p})" for p in plots], ""]
     return "\n".join(lines)
