@@ -40,7 +40,10 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
         warnings.filterwarnings(
             "ignore", message="Found keys that are in the model state dict but not in the checkpoint"
         )
-        module = DSparkModule.load_from_checkpoint(ckpt_path, map_location=map_location, weights_only=True)
+        # decoding needs the whole target, also for a drafter trained from an offline feature cache
+        module = DSparkModule.load_from_checkpoint(
+            ckpt_path, map_location=map_location, weights_only=True, target_features="online"
+        )
     module.eval()
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     data_kwargs.pop("_instantiator", None)

@@ -149,7 +149,7 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
         ["--output", str(tmp_path / "report"), "--heads", "vanilla", "--steps", "2", "--num_prompts", "2"]
         + ["--max_new_tokens", "8", "--max_blocks", "16", f"--model.target={smollm2[0]}", "--data.seq_len=256"]
         + [f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}"]
-        + ["--model.max_anchors=8", "--trainer.limit_val_batches=1"]
+        + ["--model.max_anchors=8", "--trainer.limit_val_batches=1", "--runs_dir", str(tmp_path / "runs")]
     )
     (row,) = rows
     assert row["wall_clock"]["outputs_equal"] and row["wall_clock"]["prompts"] == 2
@@ -158,3 +158,7 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["rows"][0]["head"] == "vanilla"
     assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "acceptance_per_slot.png").is_file()
+    # the decode command on the cache-trained checkpoint loads the whole target (greedy: identical to generate)
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    decoded = cli_main(["decode", "--ckpt_path", str(ckpt), "--num_prompts", "1", "--max_new_tokens", "6"])
+    assert len(decoded) == 3 and all(r["outputs_equal"] and r["tau"] >= 1.0 for r in decoded)
