@@ -16,6 +16,7 @@ alternately prompt by prompt in one process, with the outputs checked equal, and
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -117,7 +118,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     output.mkdir(parents=True, exist_ok=True)
     runs = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="dspark-smollm2-"))
     start = time.perf_counter()
-    rows: list[dict] = []
+    # Rows of heads measured by an earlier run into the same --output are kept (a rerun of a head replaces its row),
+    # so the heads of one report can be trained in several sittings.
+    previous = output / "results.json"
+    kept = json.loads(previous.read_text())["rows"] if previous.exists() else []
+    rows: list[dict] = [r for r in kept if r["head"] not in args.heads]
     try:
         for head in args.heads:
             with quieted():
@@ -126,8 +131,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                     cli, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
                     max_blocks=args.max_blocks,
                 )  # fmt: skip
-            row.update(head=head, block_size=cli.model.drafter.config.block_size)
+            row.update(head=head, block_size=cli.model.drafter.config.block_size, command=args.command)
             rows.append(row)
+            rows.sort(key=lambda r: HEADS.index(r["head"]))
             # written after every head, so a long run that is stopped keeps a complete report of what finished
             (output / "results.json").write_text(dumps_json({"command": args.command, "rows": rows}, indent=2))
             plots = plot_results(rows, output, args.k)

@@ -670,7 +670,8 @@ def candidate_loss(
 
     Args:
         base_logits: [N, B, Vd]; prev_tokens: [N, B] true previous tokens (target ids); hidden: [N, B, H];
-        target_tokens: [N, B] true tokens (draft indices); valid_mask: [N, B] (default all valid).
+        target_tokens: [N, B] true tokens (draft indices; -1 = outside a reduced draft vocabulary, never trained);
+            valid_mask: [N, B] (default all valid).
         rule: what to do where the true token is not in the top-k.
             ``"replace_kth"`` (default, the DFlash-2 reference behaviour): the true token takes the place of the
             k-th (lowest) candidate, so every valid slot is trained and the loss keeps pulling a missed token's
@@ -697,14 +698,18 @@ def candidate_loss(
         if valid_mask is None
         else valid_mask.to(torch.bool)
     )
+    # A true token outside a reduced draft vocabulary (draft index -1) can never be a candidate: its slot is not
+    # trained, and it counts as a miss in the recall.
+    in_vocab = target_tokens >= 0
+    target_tokens = target_tokens.clamp(min=0)
     with torch.no_grad():
         candidates = candidate_topk(base_logits, k)[1]
-        hit = candidates == target_tokens[..., None]
+        hit = (candidates == target_tokens[..., None]) & in_vocab[..., None]
         in_topk = hit.any(dim=-1)
         if rule == "replace_kth":
-            candidates[..., -1] = torch.where(in_topk, candidates[..., -1], target_tokens)
-            hit = candidates == target_tokens[..., None]
-            trained = valid
+            candidates[..., -1] = torch.where(in_topk | ~in_vocab, candidates[..., -1], target_tokens)
+            hit = (candidates == target_tokens[..., None]) & in_vocab[..., None]
+            trained = valid & in_vocab
         else:
             trained = valid & in_topk
         target_index = hit.to(torch.long).argmax(dim=-1)  # 0 where the slot is not trained (masked below)

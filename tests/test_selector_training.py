@@ -201,3 +201,19 @@ def test_missing_keys_are_reported():
     del state["candidate_selector.successor_codebook"]
     with pytest.raises(KeyError, match="successor_codebook"):
         from_candidate_selector(state)
+
+
+@pytest.mark.parametrize("rule", ["replace_kth", "exclude"])
+def test_candidate_loss_skips_true_tokens_outside_the_draft_vocab(rule):
+    # a reduced draft vocabulary maps true tokens it lacks to -1: those slots are not trained, count as recall misses
+    vocab, k = 9, 3
+    head = make_head(vocab, seed=3, **DFLASH2_FORM)
+    base, prev, hidden, _ = make_batch(2, 4, vocab, vocab, 6, seed=3)
+    target = base.topk(k, dim=-1).indices[..., 0]  # every true token in the top-k ...
+    outside = torch.tensor([[True, False, False, True], [False, False, True, False]])
+    with_oov = torch.where(outside, torch.full_like(target, -1), target)  # ... except the ones the vocab lacks
+    loss, stats = candidate_loss(base, head, prev, hidden, with_oov, k, rule=rule)
+    expected, _ = candidate_loss(base, head, prev, hidden, target, k, ~outside, rule=rule)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-12)  # = the loss over the in-vocabulary slots alone
+    assert int(stats.num_trained) == int((~outside).sum()) and int(stats.num_valid) == 8
+    assert float(stats.recall) == pytest.approx(int((~outside).sum()) / 8)
