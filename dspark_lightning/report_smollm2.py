@@ -71,13 +71,18 @@ def evaluate_head(cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blo
 
 def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
     k = args.k
+    commands = list(dict.fromkeys(r.get("command", args.command) for r in rows))
+    made_by = "; ".join(
+        f"`{c}` ({', '.join(r['head'] for r in rows if r.get('command', args.command) == c)})" for c in commands
+    )
     lines = [
         "# DSpark heads on SmolLM2-135M-Instruct + ShareGPT V3 (CPU)",
         "",
-        f"Made by `{args.command}` in {seconds / 60:.1f} min (torch {torch.__version__}, {torch.get_num_threads()} "
-        f"thread). Every head: `configs/smollm2_sharegpt.yaml` + `configs/heads/<head>.yaml`, {args.steps} steps, "
-        f"seed 0. Measured decoding and wall clock: {args.num_prompts} held-out prompts x {args.max_new_tokens} new "
-        "tokens, greedy.",
+        f"Made by {made_by}; torch {torch.__version__}, {torch.get_num_threads()} thread, this 2-core CPU. Every head: "
+        "`configs/smollm2_sharegpt.yaml` + `configs/heads/<head>.yaml` from the offline feature cache, "
+        f"{', '.join(sorted({str(r.get('steps', args.steps)) for r in rows}))} steps, seed 0. Measured decoding and "
+        f"wall clock: {rows[0]['wall_clock']['prompts']} held-out prompts (validation split) x "
+        f"{rows[0]['wall_clock']['max_new_tokens']} new tokens, greedy, the target re-loaded whole.",
         "",
         f"| head | teacher-forced tau | TF greedy tau | measured tau | Selector tau (k={k}) | agreement@{k} "
         f"| coverage@{k} | prefix ECE raw -> calibrated | generate tok/s | speculative tok/s | speedup "
@@ -96,8 +101,30 @@ def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
             f"| {draft:.1f} / {phases['verify']:.1f} "
             f"| {'yes' if w['outputs_equal'] else 'NO: prompts ' + str(w['mismatches'])} |"
         )
-    lines += ["", *[f"![{Path(p).stem}]({p})" for p in plots], ""]
+    lines += ["", *break_even(rows), "", *[f"![{Path(p).stem}]({p})" for p in plots], ""]
     return "\n".join(lines)
+
+
+def break_even(rows: list[dict]) -> list[str]:
+    """What the wall-clock numbers mean: the tau at which a step of this drafter + verify costs what ``generate``
+    spends on the same tokens (tau x one generate token), from each head's own measured times."""
+    best = max(rows, key=lambda r: r["measured_tau"])
+    base = next((r for r in rows if r["head"] == "none"), None)
+    lines = [f"Best measured tau: **{best['measured_tau']:.3f}** ({best['head']})"]
+    if base is not None and best is not base:
+        lines[0] += f", against {base['measured_tau']:.3f} for the head-less DFlash drafter"
+    lines[0] += "."
+    for r in rows:
+        w = r["wall_clock"]
+        step_ms = sum(w["phase_ms_per_step"].values())
+        needed = step_ms * w["baseline_tokens_per_second"] / 1e3
+        lines.append(
+            f"- {r['head']}: one speculative step costs {step_ms:.0f} ms (drafter "
+            f"{w['phase_ms_per_step']['draft_backbone'] + w['phase_ms_per_step']['draft_head']:.0f} ms), one "
+            f"`generate` token {1e3 / w['baseline_tokens_per_second']:.0f} ms: break-even at tau = {needed:.2f}, "
+            f"measured {w['tau']:.2f}."
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -111,10 +138,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--max_blocks", type=int, default=512, help="validation blocks for Selector and calibration")
     parser.add_argument("--runs_dir", default=None, help="keep the run directories here (default: a deleted temp dir)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--rerender", action="store_true", help="rewrite report.md and the plots from results.json")
     args, extra = parser.parse_known_args(argv)  # anything else (--model.x, --data.y) goes to every fit
     args.command = "dspark-lightning report-smollm2 " + " ".join(argv if argv is not None else [])
     torch.set_num_threads(args.threads)
     output = Path(args.output)
+    if args.rerender:
+        saved = json.loads((output / "results.json").read_text())
+        args.command = saved.get("command", args.command)
+        plots = plot_results(saved["rows"], output, args.k)
+        (output / "report.md").write_text(markdown(saved["rows"], args, plots, saved.get("seconds", 0.0)))
+        return saved["rows"]
     output.mkdir(parents=True, exist_ok=True)
     runs = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="dspark-smollm2-"))
     start = time.perf_counter()
@@ -131,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                     cli, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
                     max_blocks=args.max_blocks,
                 )  # fmt: skip
-            row.update(head=head, block_size=cli.model.drafter.config.block_size, command=args.command)
+            row.update(
+                head=head, block_size=cli.model.drafter.config.block_size, command=args.command, steps=args.steps
+            )
             rows.append(row)
             rows.sort(key=lambda r: HEADS.index(r["head"]))
             # written after every head, so a long run that is stopped keeps a complete report of what finished
