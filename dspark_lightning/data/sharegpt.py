@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import codecs
 import glob
-import hashlib
 import importlib.util
 import itertools
 import json
@@ -46,6 +45,7 @@ from dspark_lightning.data.files import (
     read_bounded_lines,
     sniff_file,
 )
+from dspark_lightning.data.splits import IdSplit, conversation_id, record_id  # noqa: F401  (re-exported)
 
 BAD_RECORD_REASONS: dict[str, str] = {
     "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
@@ -448,58 +448,6 @@ def validate_record(record: Any) -> list[dict[str, str]]:
     if not any(m["role"] == "assistant" for m in messages):
         raise InvalidRecord("no_assistant_turn", f"roles: {[m['role'] for m in messages]}")
     return messages
-
-
-def record_id(record: Any) -> str | None:
-    """The record's own ``id`` (str or int) if it has one."""
-    if isinstance(record, dict) and isinstance(record.get("id"), str | int) and not isinstance(record["id"], bool):
-        return str(record["id"])
-    return None
-
-
-def conversation_id(raw_record: Any, messages: Sequence[dict[str, str]]) -> str:
-    """The record's own id, else a stable hash of its normalised messages."""
-    own = record_id(raw_record)
-    if own is not None:
-        return own
-    digest = hashlib.sha1(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-    return f"sha1-{digest[:20]}"
-
-
-SPLITS = ("train", "validation", "test")
-_PART_SUFFIX = re.compile(r"_\d+$")
-
-
-@dataclass(frozen=True)
-class IdSplit:
-    """Deterministic train / validation / test assignment by conversation id.
-
-    ShareGPT V3 cuts long conversations into parts ``<id>_0``, ``<id>_1``, ...: the ``_N`` suffix is dropped before
-    hashing so all parts of one conversation land in the same split (no leakage of a conversation's continuation into
-    the held-out prompts). The split is ``sha256(group)`` read as a number in [0, 1): below ``validation`` ->
-    validation, below ``validation + test`` -> test, else train. It depends on nothing but the id.
-    """
-
-    validation: float = 0.0
-    test: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (0 <= self.validation and 0 <= self.test and self.validation + self.test < 1):
-            raise ValueError(f"split_by_id fractions must be >= 0 and sum to < 1, got {self}")
-
-    @classmethod
-    def from_fractions(cls, fractions: dict[str, float] | None) -> IdSplit | None:
-        if fractions is None:
-            return None
-        unknown = set(fractions) - {"validation", "test"}
-        if unknown:
-            raise ValueError(f"split_by_id: unknown split(s) {sorted(unknown)}; give validation and/or test fractions")
-        return cls(**{name: float(value) for name, value in fractions.items()})
-
-    def split_of(self, identifier: str) -> str:
-        group = _PART_SUFFIX.sub("", identifier)
-        u = int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big") / 2**64
-        return "validation" if u < self.validation else "test" if u < self.validation + self.test else "train"
 
 
 def to_conversation(raw: RawRecord) -> Conversation:
