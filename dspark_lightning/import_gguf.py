@@ -15,6 +15,7 @@ A tokenizer without a mask token (SmolLM2 has none) gets one chosen by ``choose_
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ def import_gguf(
 ) -> dict[str, object]:
     """Write ``output`` (config.json, model.safetensors, tokenizer, chat template, generation config); returns a
     summary. The directory is written under a temporary name and renamed, so a failed import leaves nothing."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     path = resolve_gguf(gguf)
     architecture = _gguf_architecture(path)
@@ -86,7 +87,7 @@ def import_gguf(
     folder, name = str(path.parent), path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config = copy.deepcopy(quantized.config)  # the GGUF's config, without parsing the file again
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the saved weights are plain floats
     config.architectures = [type(quantized).__name__]

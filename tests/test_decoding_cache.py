@@ -35,6 +35,19 @@ def random_gated_drafter(num_layers: int = 2, seed: int = 0):
     return model, target, drafter
 
 
+def decode_cached_and_uncached(target, drafter, prompt, mode: str, temperature: float) -> list[torch.Tensor]:
+    """30 tokens decoded with and without the drafter context cache, from the same sampling seed."""
+    outputs = []
+    for drafter_cache in (True, False):
+        generator = torch.Generator().manual_seed(3)
+        out, _ = speculative_generate(
+            target, drafter, prompt, 30, mode=mode, k=6, temperature=temperature, generator=generator,
+            eos_token_id=[], drafter_cache=drafter_cache,
+        )  # fmt: skip
+        outputs.append(out)
+    return outputs
+
+
 def test_cached_draft_equals_reprojected_draft_after_extends_and_crops():
     _, target, drafter = random_gated_drafter()
     g = torch.Generator().manual_seed(1)
@@ -93,22 +106,7 @@ def test_cached_decoding_equals_uncached_with_a_two_layer_gated_drafter(mode):
     model, target, drafter = random_gated_drafter()
     prompt = torch.tensor([[5, 9, 2, 33, 4]])
     for temperature in (0.0, 1.0):
-        outputs = []
-        for drafter_cache in (True, False):
-            generator = torch.Generator().manual_seed(3)
-            out, _ = speculative_generate(
-                target,
-                drafter,
-                prompt,
-                30,
-                mode=mode,
-                k=6,
-                temperature=temperature,
-                generator=generator,
-                eos_token_id=[],
-                drafter_cache=drafter_cache,
-            )
-            outputs.append(out)
+        outputs = decode_cached_and_uncached(target, drafter, prompt, mode, temperature)
         assert torch.equal(*outputs)
         if temperature == 0:
             greedy = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=[], pad_token_id=0)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from test_decoding_cache import random_gated_drafter
+from test_decoding_cache import decode_cached_and_uncached, random_gated_drafter
 from test_drafter import build, packed_batch, run
 from test_export import make_drafter, outputs
 
@@ -100,23 +100,7 @@ def test_cached_decoding_equals_uncached_with_mixed_layers(mode):
     drafter.load_state_dict(full.state_dict())
     prompt = torch.tensor([[5, 9, 2, 33, 4, 7, 7, 1, 30, 12]])
     for temperature in (0.0, 1.0):
-        runs = []
-        for drafter_cache in (True, False):
-            generator = torch.Generator().manual_seed(3)
-            runs.append(
-                speculative_generate(
-                    target,
-                    drafter,
-                    prompt,
-                    30,
-                    mode=mode,
-                    k=6,
-                    temperature=temperature,
-                    generator=generator,
-                    eos_token_id=[],
-                    drafter_cache=drafter_cache,
-                )[0]
-            )
+        runs = decode_cached_and_uncached(target, drafter, prompt, mode, temperature)
         assert torch.equal(*runs)
     greedy = model.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=[], pad_token_id=0)
     assert torch.equal(speculative_generate(target, drafter, prompt, 30, mode=mode, eos_token_id=[])[0], greedy)

@@ -301,10 +301,12 @@ def regenerate(
         counts["written"] += len(records)
         batch.clear()
 
-    conversations = read_conversations(data, counts)
-    if id_split is not None:
-        conversations = ((i, m) for i, m in conversations if id_split.split_of(i) == split or _count_other(counts))
-    for ordinal, (identifier, messages) in enumerate(conversations):
+    ordinal = -1
+    for identifier, messages in read_conversations(data, counts):
+        if id_split is not None and id_split.split_of(identifier) != split:
+            counts["skipped_other_split"] += 1
+            continue
+        ordinal += 1  # jobs share out the records of this split
         if ordinal % num_jobs != job_index:
             continue  # another job's record
         if budget is not None and taken >= budget:
@@ -322,11 +324,6 @@ def regenerate(
     if writer.removed_bytes:
         summary["removed_partial_bytes"] = writer.removed_bytes
     return {**summary, **counts}
-
-
-def _count_other(counts: Counter) -> bool:
-    counts["skipped_other_split"] += 1
-    return False
 
 
 def build_parser() -> argparse.ArgumentParser:
