@@ -5,7 +5,9 @@
 
 Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``
 trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluate` (same budget, data and measuring
-code as ``dspark-lightning report``), with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so
+code as ``dspark-lightning report``); with ``--recipe smollm2`` the base config is ``configs/smollm2_sharegpt.yaml``
+(SmolLM2-135M-Instruct from its offline feature cache, trained and measured by ``report-smollm2``'s functions, without
+its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's), with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so
 seeds change the initialisation, the anchors and the data order. After the listed losses, the one with the highest
 mean teacher-forced tau is trained once more with D-PACE position weighting (``--model.position_weighting dpace``).
 
@@ -34,6 +36,7 @@ import torch
 
 from dspark_lightning.analysis import REPO_ROOT, quieted
 from dspark_lightning.report import BUDGET_HELP, Budget, train_and_evaluate
+from dspark_lightning.report_smollm2 import evaluate_head, fit_head
 
 LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
     "kl": "kl",
@@ -45,8 +48,12 @@ LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
     "lk_hybrid": "lk_hybrid",
 }
 DEFAULT_LOSSES = ("kl", "tv", "ce+tv", "js", "nla", "lk_hybrid")
-BASELINE = "ce+tv"  # today's default loss
+BASELINE = {"demo": "ce+tv", "smollm2": "kl"}  # each recipe's default loss (quickstart.yaml / smollm2_sharegpt.yaml)
 METRICS = ("teacher_tau", "teacher_greedy_tau", "measured_tau")
+RECIPES = {  # --recipe -> (title of the report, base config)
+    "demo": ("the demo target", "configs/quickstart.yaml"),
+    "smollm2": ("SmolLM2-135M-Instruct + ShareGPT V3", "configs/smollm2_sharegpt.yaml"),
+}
 
 
 def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
@@ -60,6 +67,22 @@ def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
         f"--data.seed={seed}",
     ]
     return args + (["--model.position_weighting=dpace"] if dpace else [])
+
+
+def train_and_evaluate_smollm2(runs_root: Path, head: str, budget: Budget, extra: Sequence[str], name: str) -> dict:
+    """One SmolLM2 variant: ``report-smollm2``'s fit (from the feature cache) and measurement, without wall clock."""
+    start = time.perf_counter()
+    cli = fit_head(runs_root, head, budget.steps, extra, name=name)
+    fit_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    row = evaluate_head(
+        cli, num_prompts=budget.num_prompts, max_new_tokens=budget.max_new_tokens, k=budget.k,
+        max_blocks=budget.max_blocks, wall_clock=False,
+    )  # fmt: skip
+    row.update(
+        head=head, fit_seconds=fit_seconds, eval_seconds=time.perf_counter() - start, run_dir=cli.trainer.log_dir
+    )
+    return row
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -160,23 +183,34 @@ def plot_study(groups: list[dict], output: Path) -> str:
 
 def markdown_report(study: dict, plot: str) -> str:
     groups, budget = study["groups"], study["budget"]
-    base = next((g for g in groups if g["label"] == BASELINE), None)
+    baseline = BASELINE[study.get("recipe", "demo")]
+    base = next((g for g in groups if g["label"] == baseline), None)
+    title, base_config = RECIPES[study.get("recipe", "demo")]
+    if study.get("recipe", "demo") == "demo":
+        sizes = (
+            f"{budget['steps']} steps of {budget['batch_size']} packed rows x {budget['seq_len']} tokens, "
+            f"{budget['max_anchors']} anchors per row, seeds {study['seeds']} (initialisation, anchors and data "
+            f"order); validation on the first {budget['val_samples']} validation conversations"
+        )
+    else:  # the recipe's config sets the data, sequence length, batch and anchors; the study only the steps
+        sizes = (
+            f"{budget['steps']} steps at the config's data, sequence length, batch and anchors, seeds "
+            f"{study['seeds']} (initialisation, anchors and data order); teacher-forced numbers on the config's "
+            "validation cache"
+        )
     lines = [
-        "# Drafter losses on the demo target",
+        f"# Drafter losses on {title}",
         "",
         f"Made by `{study['command']}` in {study['seconds'] / 60:.1f} min wall clock"
         + (f", {study['cpu_seconds'] / 60:.1f} min CPU" if study.get("cpu_seconds") else "")
-        + f" (torch {torch.__version__}, one thread, CPU). Every run: `configs/quickstart.yaml` + `configs/heads/{study['head']}.yaml` + "
-        f"`configs/losses/<loss>.yaml`, B = {study['block_size']}, {budget['steps']} steps of "
-        f"{budget['batch_size']} packed rows x {budget['seq_len']} tokens, {budget['max_anchors']} anchors per row, "
-        f"seeds {study['seeds']} (initialisation, anchors and data order); validation on the first "
-        f"{budget['val_samples']} validation conversations; measured decoding on {budget['num_prompts']} eval "
-        f"prompts x {budget['max_new_tokens']} new tokens. `+dpace` is the loss with the best mean teacher-forced "
-        "tau retrained with D-PACE position weights.",
+        + f" (torch {torch.__version__}, one thread, CPU). Every run: `{base_config}` + "
+        f"`configs/heads/{study['head']}.yaml` + `configs/losses/<loss>.yaml`, B = {study['block_size']}, {sizes}; "
+        f"measured greedy decoding on {budget['num_prompts']} held-out prompts x {budget['max_new_tokens']} new "
+        "tokens. `+dpace` is the loss with the best mean teacher-forced tau retrained with D-PACE position weights.",
         "",
         "Significance rule: a difference of means counts as significant only when it exceeds the sum of the two "
         "seed standard deviations (sample std over seeds); with one seed nothing is significant. "
-        f"Δ columns compare with `{BASELINE}` (today's default).",
+        f"Δ columns compare with `{baseline}` (the recipe's default loss).",
         "",
         "Teacher-forced tau uses the sampling acceptance α = Σ min(p, q) per slot on ground-truth prefixes; "
         "*TF greedy tau* counts leading slots whose draft argmax equals the target's; measured tau is real *greedy* "
@@ -245,8 +279,12 @@ def run_study(
     dpace: bool = True,
     runs_dir: str | Path | None = None,
     command: str = "dspark-lightning loss-study",
+    recipe: str = "demo",
+    extra: Sequence[str] = (),
 ) -> dict:
     """Train every (loss, seed), then the best loss with D-PACE; write the study into ``output``; return it."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r} for the loss study; choose from {', '.join(RECIPES)}")
     budget = budget or Budget()
     for loss in losses:
         loss_fit_args(loss, 0)  # unknown names fail before any training
@@ -270,7 +308,13 @@ def run_study(
 
     def train(label: str, loss: str, seed: int, with_dpace: bool) -> dict:
         name = f"{label.replace('+', '_')}_s{seed}"
-        row = train_and_evaluate(runs_root, head, block_size, budget, loss_fit_args(loss, seed, with_dpace), name)
+        fit_args = [*loss_fit_args(loss, seed, with_dpace), *extra]
+        if recipe == "demo":
+            row = train_and_evaluate(runs_root, head, block_size, budget, fit_args, name)
+        else:
+            row = train_and_evaluate_smollm2(
+                runs_root, head, budget, [*fit_args, f"--model.block_size={block_size}"], name
+            )
         row.update(label=label, loss=loss, seed=seed, dpace=with_dpace)
         row["run_dir"] = row["run_dir"] if keep else None
         runs.append(row)
@@ -301,6 +345,7 @@ def run_study(
         "command": command,
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,  # this process, all its threads (the CLI runs in-process)
+        "recipe": recipe,
         "head": head,
         "block_size": block_size,
         "seeds": list(seeds),
@@ -341,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--output", required=True, help="directory for report.md, results.json, the PNG and log.txt")
     parser.add_argument("--losses", nargs="+", default=list(DEFAULT_LOSSES), choices=list(LOSS_CONFIGS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds per loss (default 0 1)")
+    parser.add_argument("--recipe", default="demo", choices=list(RECIPES), help="demo target or SmolLM2 (default demo)")
     parser.add_argument("--head", default="vanilla", help="Markov head (configs/heads/<name>.yaml; default vanilla)")
     parser.add_argument("--block_size", type=int, default=8, help="draft block size B (default 8)")
     parser.add_argument("--no_dpace", action="store_true", help="skip the D-PACE run of the best loss")
@@ -349,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{BUDGET_HELP[name]} (default {value})")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--rerender", action="store_true", help="only rewrite report.md + PNG from results.json")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)  # anything else (--model.x, --data.y) goes to every fit
     if args.rerender:
         return rerender(args.output)
     budget = Budget(**{name: getattr(args, name) for name in vars(defaults)})
@@ -368,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 dpace=not args.no_dpace,
                 runs_dir=args.runs_dir,
                 command=command,
+                recipe=args.recipe,
+                extra=extra,
             )
     finally:
         torch.set_num_threads(threads)

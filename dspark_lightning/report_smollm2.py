@@ -34,7 +34,7 @@ HEADS = ("none", "vanilla", "gated", "rnn", "selector")
 CONFIG = REPO_ROOT / "configs/smollm2_sharegpt.yaml"
 
 
-def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str]):
+def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str], name: str | None = None):
     from dspark_lightning.cli import cli_main
 
     args = ["fit", "--config", str(CONFIG)]
@@ -45,13 +45,16 @@ def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str]):
         f"--trainer.val_check_interval={steps}",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
         f"--trainer.logger.save_dir={runs}",
-        f"--trainer.logger.name={head}",
+        f"--trainer.logger.name={name or head}",
         *extra,
     ]
     return cli_main(args)
 
 
-def evaluate_head(cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int) -> dict:
+def evaluate_head(
+    cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int, wall_clock: bool = True
+) -> dict:
+    """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing."""
     from dspark_lightning.lightning.module import DSparkModule
 
     online = DSparkModule.load_from_checkpoint(
@@ -62,6 +65,8 @@ def evaluate_head(cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blo
     row = evaluate_variant(
         online, cli.datamodule, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k, max_blocks=max_blocks
     )
+    if not wall_clock:
+        return row
     prompts = cli.datamodule.eval_prompts()[:num_prompts]
     timing = measure_speedup(online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k)
     timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already

@@ -136,6 +136,7 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     """The recipe at tiny scale: cache the shipped regenerated validation data, train the vanilla head for two steps
     from the cache, then decode with the full target: greedy output identical to `generate`, numbers finite."""
     from dspark_lightning.cli import cli_main
+    from dspark_lightning.loss_study import main as loss_study_main
     from dspark_lightning.report_smollm2 import main as report_main
 
     shipped = str(ROOT / "assets/smollm2/regenerated/validation-00000.jsonl")
@@ -162,3 +163,14 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
     decoded = cli_main(["decode", "--ckpt_path", str(ckpt), "--num_prompts", "1", "--max_new_tokens", "6"])
     assert len(decoded) == 3 and all(r["outputs_equal"] and r["tau"] >= 1.0 for r in decoded)
+    # the loss study on this recipe: the same fit and measurement per loss, the recipe named in its report
+    study = loss_study_main(
+        ["--recipe", "smollm2", "--output", str(tmp_path / "study"), "--losses", "nla", "--seeds", "0", "--no_dpace"]
+        + ["--steps", "1", "--num_prompts", "1", "--max_new_tokens", "4", "--max_blocks", "8"]
+        + [f"--model.target={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
+        + [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.max_anchors=8"]
+    )
+    (group,) = study["groups"]
+    assert group["label"] == "nla" and 1.0 <= group["measured_tau"] <= 9.0 and 1.0 <= group["teacher_tau"] <= 9.0
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert report.startswith("# Drafter losses on SmolLM2-135M-Instruct") and "configs/smollm2_sharegpt.yaml" in report
