@@ -8,8 +8,9 @@ trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluat
 code as ``dspark-lightning report``); with ``--recipe smollm2`` the base config is ``configs/smollm2_sharegpt.yaml``
 (SmolLM2-135M-Instruct from its offline feature cache, trained and measured by ``report-smollm2``'s functions, without
 its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's), with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so
-seeds change the initialisation, the anchors and the data order. After the listed losses, the one with the highest
-mean teacher-forced tau is trained once more with D-PACE position weighting (``--model.position_weighting dpace``).
+seeds change the initialisation, the anchors and the data order. Runs go seed by seed; after the first seed's pass
+over the listed losses, the one with the highest teacher-forced tau is trained with D-PACE position weighting
+(``--model.position_weighting dpace``) in every pass. The report is rewritten after every run.
 
 Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
 rate per slot of real greedy speculative decoding with the target. Per loss: mean and sample standard deviation over
@@ -201,6 +202,11 @@ def markdown_report(study: dict, plot: str) -> str:
     lines = [
         f"# Drafter losses on {title}",
         "",
+        *(
+            []
+            if study.get("complete", True)
+            else [f"**Partial study**: stopped after {len(study['runs'])} runs; each loss's n is its seed count.", ""]
+        ),
         f"Made by `{study['command']}` in {study['seconds'] / 60:.1f} min wall clock"
         + (f", {study['cpu_seconds'] / 60:.1f} min CPU" if study.get("cpu_seconds") else "")
         + f" (torch {torch.__version__}, one thread, CPU). Every run: `{base_config}` + "
@@ -325,39 +331,50 @@ def run_study(
         )
         return row
 
+    def study_so_far() -> dict:
+        labels = list(dict.fromkeys(r["label"] for r in runs))
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        return {
+            "command": command,
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,  # this process, all its threads (the CLI runs in-process)
+            "recipe": recipe,
+            "head": head,
+            "block_size": block_size,
+            "seeds": list(seeds),
+            "complete": len(runs) == total,
+            "budget": vars(budget),
+            "significance_rule": "|mean_a - mean_b| > std_a + std_b (sample std over seeds; needs >= 2 seeds)",
+            "groups": [aggregate(label, [r for r in runs if r["label"] == label]) for label in labels],
+            "runs": [{k: v for k, v in r.items() if k != "selector"} for r in runs],
+        }
+
+    def write(study: dict) -> None:
+        plot = plot_study(study["groups"], output)
+        (output / "report.md").write_text(markdown_report(study, plot))
+        (output / "results.json").write_text(json.dumps(_clean(study), indent=2))
+
     log(f"{command}: {total} runs, head {head}, B = {block_size}, {budget.steps} steps each")
+    # Seed-major order, the study rewritten after every run: a long study that is stopped keeps a complete report
+    # of every seed pass that finished. The D-PACE loss is the best by teacher-forced tau after the first pass.
+    best = None
     try:
-        for loss in losses:
-            for seed in seeds:
+        for seed in seeds:
+            for loss in losses:
                 train(loss, loss, seed, False)
-        groups = [aggregate(loss, [r for r in runs if r["label"] == loss]) for loss in losses]
-        if dpace:
-            best = max(groups, key=lambda g: g["teacher_tau"])["label"]
-            log(f"best mean teacher-forced tau: {best}; retraining it with D-PACE weighting")
-            for seed in seeds:
+                write(study_so_far())
+            if dpace:
+                if best is None:
+                    best = max(study_so_far()["groups"], key=lambda g: g["teacher_tau"])["label"]
+                    log(f"best teacher-forced tau after seed {seed}: {best}; retraining it with D-PACE weighting")
                 train(f"{best}+dpace", best, seed, True)
-            groups.append(aggregate(f"{best}+dpace", [r for r in runs if r["dpace"]]))
+                write(study_so_far())
     finally:
         if not keep:
             shutil.rmtree(runs_root, ignore_errors=True)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    study = {
-        "command": command,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds,  # this process, all its threads (the CLI runs in-process)
-        "recipe": recipe,
-        "head": head,
-        "block_size": block_size,
-        "seeds": list(seeds),
-        "budget": vars(budget),
-        "significance_rule": "|mean_a - mean_b| > std_a + std_b (sample std over seeds; needs >= 2 seeds)",
-        "groups": groups,
-        "runs": [{k: v for k, v in r.items() if k != "selector"} for r in runs],
-    }
-    plot = plot_study(groups, output)
-    (output / "report.md").write_text(markdown_report(study, plot))
-    (output / "results.json").write_text(json.dumps(_clean(study), indent=2))
-    log(f"wrote {output / 'report.md'} ({seconds / 60:.1f} min wall, {cpu_seconds / 60:.1f} min CPU)")
+    study = study_so_far()
+    write(study)
+    log(f"wrote {output / 'report.md'} ({study['seconds'] / 60:.1f} min wall, {study['cpu_seconds'] / 60:.1f} min CPU)")
     return study
 
 
