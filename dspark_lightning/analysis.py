@@ -171,7 +171,8 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
         if have >= max_blocks:
             break
         batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
+        step = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
+        alpha, valid, out = step.alpha, step.valid, step.drafter_output
         keep = valid.any(dim=1)
         take = max_blocks - have
 

@@ -297,7 +297,8 @@ def collect_confidence_blocks(module, dataloader, max_batches: int):
     for index, batch in enumerate(dataloader):
         if index >= max_batches:
             break
-        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
+        step = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
+        alpha, valid, out = step.alpha, step.valid, step.drafter_output
         first = module.drafter_config.first_trained_slot
         logits.append(out.confidence_logits.flatten(0, 1)[:, first:].float())
         alphas.append(alpha.float())

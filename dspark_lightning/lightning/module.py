@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -55,7 +56,14 @@ from dspark_lightning.losses import (
     validate_spec,
 )
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
-from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+from dspark_lightning.models import (
+    DrafterConfig,
+    DrafterOutput,
+    DraftVocab,
+    DSparkDrafter,
+    FrozenTarget,
+    MarkovHeadConfig,
+)
 from dspark_lightning.models.backbone import (
     ANCHOR_BUDGETS,
     anchor_coverage_counts,
@@ -69,6 +77,20 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 TARGET_FEATURES = ("online", "cache")
+
+
+@dataclass
+class StepOutput:
+    """What one ``shared_step`` computes. Per-slot tensors are [N_blocks, B'] over the trained slots only (slot 0 is
+    dropped in the DFlash convention, so B' = ``metric_block_size``)."""
+
+    loss: torch.Tensor  # the differentiable total loss
+    losses: dict[str, torch.Tensor]  # detached components for logging (``loss``, ``loss_tv``, ``loss_confidence`` ...)
+    alpha: torch.Tensor  # per-slot acceptance probability of the drafted token
+    greedy_match: torch.Tensor  # per-slot: the drafter's argmax equals the target's
+    valid: torch.Tensor  # per-slot supervision mask
+    confidence: torch.Tensor | None  # per-slot predicted acceptance (sigmoid), None without a confidence head
+    drafter_output: DrafterOutput  # the full drafter forward (anchors, logits, hidden ...)
 
 
 class AnchorCoverage(torchmetrics.Metric):
@@ -327,7 +349,9 @@ class DSparkModule(L.LightningModule):
             budget=hp.anchor_budget,
         )
 
-    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None):
+    def shared_step(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None
+    ) -> StepOutput:
         context_features, final_hidden = self.target_features(batch)
         if anchors is None:
             anchors = self.training_anchors(batch, generator)
@@ -392,7 +416,15 @@ class DSparkModule(L.LightningModule):
         losses["loss"] = total.detach()
         first = self.drafter_config.first_trained_slot
         view = lambda t: None if t is None else t[:, first:]  # noqa: E731
-        return total, losses, view(loss_out.alpha), view(loss_out.greedy_match), view(valid), view(confidence), out
+        return StepOutput(
+            loss=total,
+            losses=losses,
+            alpha=view(loss_out.alpha),
+            greedy_match=view(loss_out.greedy_match),
+            valid=view(valid),
+            confidence=view(confidence),
+            drafter_output=out,
+        )
 
     def _draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
         vocab = self.drafter.draft_vocab
@@ -403,19 +435,19 @@ class DSparkModule(L.LightningModule):
         return anchor_coverage_counts(anchors, batch["loss_mask"], hp.block_size, hp.sample_from_anchor)
 
     def training_step(self, batch, batch_idx):
-        total, losses, alpha, match, valid, _, out = self.shared_step(batch, self._generator())
+        step = self.shared_step(batch, self._generator())
         with torch.no_grad():
             stats = AcceptanceMetrics(self.metric_block_size).to(self.device)
-            stats.update(alpha, match, valid)
+            stats.update(step.alpha, step.greedy_match, step.valid)
             values = stats.compute()
-            covered, supervised = self.coverage_counts(batch, out.anchors)
+            covered, supervised = self.coverage_counts(batch, step.drafter_output.anchors)
         batch_size = batch["input_ids"].shape[0]
         self.log("train/anchor_coverage", covered.float() / supervised.clamp(min=1).float(), batch_size=batch_size)
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=False, batch_size=batch_size)
+        self.log_dict({f"train/{k}": v for k, v in step.losses.items()}, prog_bar=False, batch_size=batch_size)
         self.log("train/tau", values["tau"], prog_bar=True, batch_size=batch_size)
         self.log("train/accept_rate", values["accept_rate"], batch_size=batch_size)
-        self.log("train/supervised_slots", valid.sum().float(), reduce_fx="sum", batch_size=batch_size)
-        return total
+        self.log("train/supervised_slots", step.valid.sum().float(), reduce_fx="sum", batch_size=batch_size)
+        return step.loss
 
     def validation_step(self, batch, batch_idx):
         return self._evaluation_step(batch, batch_idx, "val")
@@ -439,15 +471,15 @@ class DSparkModule(L.LightningModule):
     def _evaluation_step(self, batch, batch_idx, stage: str):
         # deterministic, per-document anchors: identical blocks in every validation, for any packing or world size
         anchors = self.evaluation_anchors(batch)
-        total, losses, alpha, match, valid, confidence, out = self.shared_step(batch, anchors=anchors)
-        self.last_eval_output = out  # read by evaluation callbacks in on_validation_batch_end
-        self.val_acceptance.update(alpha, match, valid)
+        step = self.shared_step(batch, anchors=anchors)
+        self.last_eval_output = step.drafter_output  # read by evaluation callbacks in on_validation_batch_end
+        self.val_acceptance.update(step.alpha, step.greedy_match, step.valid)
         self.val_coverage.update(*self.coverage_counts(batch, anchors))
-        if confidence is not None:
-            self.val_calibration.update(confidence, alpha, valid)
+        if step.confidence is not None:
+            self.val_calibration.update(step.confidence, step.alpha, step.valid)
         batch_size = batch["input_ids"].shape[0]
-        self.log_dict({f"{stage}/{k}": v for k, v in losses.items()}, sync_dist=True, batch_size=batch_size)
-        return total
+        self.log_dict({f"{stage}/{k}": v for k, v in step.losses.items()}, sync_dist=True, batch_size=batch_size)
+        return step.loss
 
     def on_validation_epoch_end(self) -> None:
         values = {f"acceptance/{k}": v for k, v in self.val_acceptance.compute().items()}
