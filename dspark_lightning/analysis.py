@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
+from dspark_lightning.metrics import bin_sums
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -202,12 +205,9 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
 def reliability_bins(predicted: torch.Tensor, observed: torch.Tensor, valid: torch.Tensor, n_bins: int = 10):
     """(mean predicted, mean observed, count) per equal-width bin of ``predicted`` (NaN for empty bins), as
     ``plotting.reliability_diagram`` draws them."""
-    predicted, observed = predicted[valid].double(), observed[valid].double()
-    bins = (predicted * n_bins).long().clamp(0, n_bins - 1)
-    counts = torch.bincount(bins, minlength=n_bins).double()
-    mean_pred = torch.bincount(bins, weights=predicted, minlength=n_bins) / counts
-    mean_obs = torch.bincount(bins, weights=observed, minlength=n_bins) / counts
-    return mean_pred.tolist(), mean_obs.tolist(), counts.tolist()
+    counts, pred_sum, obs_sum = bin_sums(predicted[valid].double(), observed[valid].double(), n_bins)
+    counts = counts.double()
+    return (pred_sum / counts).tolist(), (obs_sum / counts).tolist(), counts.tolist()
 
 
 def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
@@ -216,8 +216,6 @@ def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
     Returns ``temperatures`` [B'], ``ece_before`` / ``ece_after`` (prefix-survival ECE on the held-out half) and the
     reliability bins before and after (``bins_before`` / ``bins_after``: (predicted, observed, counts)).
     """
-    from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
-
     if blocks.confidence_logits is None:
         raise ValueError("this drafter has no confidence head")
     fit_half, test_half = slice(0, None, 2), slice(1, None, 2)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dspark_lightning.metrics import block_tau, greedy_block_tau, prefix_length
 from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.selector_convert import (
     candidate_selector_scores,
@@ -484,11 +485,6 @@ def sequential_walk(
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics
-def _prefix_lengths(matches: torch.Tensor) -> torch.Tensor:
-    """Length of the leading run of True per row of a [N, B] bool tensor."""
-    return matches.to(torch.long).cumprod(dim=1).sum(dim=1)
-
-
 @dataclass
 class EquivalenceReport:
     """Selector walk vs sequential Markov decode (greedy) on a set of blocks; see ``equivalence_report``.
@@ -556,9 +552,9 @@ def teacher_acceptance(
     if d2t is not None and teacher_logprobs.shape[-1] != d2t.shape[0]:
         ids = d2t[tokens]  # teacher over the target vocabulary
     valid = valid_mask.to(torch.bool)
-    p = teacher_logprobs.gather(-1, ids[..., None]).squeeze(-1).exp().to(torch.float64) * valid
-    tau = 1.0 + p.cumprod(dim=1).sum(dim=1)
-    greedy = _prefix_lengths((ids == teacher_logprobs.argmax(dim=-1)) & valid) + 1.0
+    p = teacher_logprobs.gather(-1, ids[..., None]).squeeze(-1).exp().to(torch.float64)
+    tau = block_tau(p, valid)
+    greedy = greedy_block_tau(ids == teacher_logprobs.argmax(dim=-1), valid)
     blocks = valid.any(dim=1)
     n_blocks = max(int(blocks.sum().item()), 1)
     return float(tau[blocks].sum().item() / n_blocks), float(greedy[blocks].sum().item() / n_blocks)
@@ -629,7 +625,7 @@ def equivalence_report(
             report.coverage[k] = float(covered.sum().item() / n_valid)
             report.agreement[k] = float(agree.sum().item() / n_valid)
             report.agreement_per_slot[k] = (agree.sum(dim=0) / valid_per_slot).to(torch.float64).cpu()
-            report.agreed_prefix[k] = float(_prefix_lengths(agree)[blocks].sum().item() / n_blocks)
+            report.agreed_prefix[k] = float(prefix_length(agree)[blocks].sum().item() / n_blocks)
             report.time_walk_s[k] = time_walk
             if teacher_logprobs is not None:
                 report.tau_walk[k], report.greedy_tau_walk[k] = teacher_acceptance(
