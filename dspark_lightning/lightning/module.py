@@ -46,6 +46,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from dspark_lightning.checks import NonFiniteError
+from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
@@ -268,9 +269,7 @@ class DSparkModule(L.LightningModule):
         self.val_calibration = ConfidenceCalibration(self.metric_block_size)
         self.val_coverage = AnchorCoverage()
         self.last_validation: dict[str, torch.Tensor] = {}
-        if candidate_loss_weight > 0 and (
-            self.drafter.markov_head is None or self.drafter.markov_head.is_path_dependent
-        ):
+        if candidate_loss_weight > 0 and "selector" not in supported_modes(self.drafter.markov_head):
             raise ValueError("candidate_loss_weight > 0 needs a vanilla or gated Markov head (the Selector form)")
 
     # ------------------------------------------------------------------ checkpoints
