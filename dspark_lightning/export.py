@@ -61,13 +61,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 from dspark_lightning.models.backbone import BackboneConfig
 from dspark_lightning.selector_convert import read_candidate_selector, to_candidate_selector
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+EXPORT_DTYPES = ("bfloat16", "float32")  # the dtypes the speculators format is read in
 SELECTOR_PREFIX = "candidate_selector."
 DFLASH2_FORM = ("gated", "hidden", "identity")  # (head_type, gate_input, gate_activation) of the CandidateSelector
 SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators release whose save_pretrained output this mirrors
@@ -77,11 +78,7 @@ VERIFIER_KEYS = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_nor
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in EXPORT_DTYPES.values():
-        return dtype
-    if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"export dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
-    return EXPORT_DTYPES[dtype]
+    return torch_dtype(dtype, EXPORT_DTYPES, what="export dtype")
 
 
 def _format_key(name: str) -> str | None:

@@ -48,6 +48,8 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data import IterableDataset as TorchIterableDataset
 
+from dspark_lightning.dtypes import DTYPES, torch_dtype
+
 CACHE_FORMAT = "dspark-target-cache/1"
 INDEX_NAME = "index.json"
 SHARD_PATTERN = "features-{:05d}.safetensors"
@@ -58,13 +60,12 @@ TOKEN_FIELDS = {
     "position_ids": torch.int32,
 }
 FEATURE_FIELDS = ("context_features", "final_hidden")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TOKEN_FIELD_BYTES = 13  # int32 ids + int32 document ids + int32 positions + bool mask, per token
 
 
 def bytes_per_sample(seq_len: int, hidden_size: int, num_context_layers: int, dtype: str = "bfloat16") -> int:
     """Cache bytes of one packed sample (the safetensors headers are negligible)."""
-    feature_bytes = DTYPES[dtype].itemsize * (num_context_layers + 1) * hidden_size
+    feature_bytes = torch_dtype(dtype).itemsize * (num_context_layers + 1) * hidden_size
     return seq_len * (TOKEN_FIELD_BYTES + feature_bytes)
 
 
@@ -314,7 +315,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     target = FrozenTarget(model, layer_ids)
     input_device = target.embed_tokens.weight.device
     output.mkdir(parents=True, exist_ok=True)
-    store_dtype = DTYPES[args.dtype]
+    store_dtype = torch_dtype(args.dtype)
     pending: dict[str, list[torch.Tensor]] = {name: [] for name in (*TOKEN_FIELDS, *FEATURE_FIELDS)}
 
     def flush_shard() -> None:

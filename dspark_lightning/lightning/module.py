@@ -47,6 +47,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from dspark_lightning.checks import NonFiniteError
 from dspark_lightning.decoding.modes import supported_modes
+from dspark_lightning.dtypes import DTYPES, torch_dtype
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
@@ -76,7 +77,6 @@ from dspark_lightning.models.target import TargetHeads
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 TARGET_FEATURES = ("online", "cache")
 
 
@@ -228,9 +228,8 @@ class DSparkModule(L.LightningModule):
         self.scheduler_factory = scheduler
         self.strict_loading = False
 
-        dtype = DTYPES.get(target_dtype)
-        if dtype is None:
-            raise ValueError(f"target_dtype must be one of {sorted(DTYPES)}, got {target_dtype!r}")
+        # "auto": the checkpoint's own dtype, which from_pretrained reads
+        dtype = "auto" if target_dtype == "auto" else torch_dtype(target_dtype, (*DTYPES, "auto"), what="target_dtype")
         if target_features not in TARGET_FEATURES:
             raise ValueError(f"target_features must be one of {TARGET_FEATURES}, got {target_features!r}")
         if anchor_budget not in ANCHOR_BUDGETS:
