@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from dspark_lightning.cache_writer import main as cache_main
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.cache import CachedFeatureDataset, bytes_per_sample
-from dspark_lightning.data.cache import main as cache_main
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.models.target import FrozenTarget, TargetHeads

@@ -51,6 +51,7 @@ from dspark_lightning.data.accounting import (  # noqa: F401 - SharedCounts, COU
     NoTrainableDataError,
     SharedCounts,
 )
+from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES, check_data_files
 from dspark_lightning.data.sharegpt import (
     BAD_RECORD_REASONS,
@@ -380,8 +381,6 @@ class ShareGPTDataModule(L.LightningDataModule):
         return self.train_cache if split == "train" else self.val_cache
 
     def _cached_dataloader(self, split: str, rank: int | None = None, world_size: int | None = None):
-        from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
-
         if rank is None or world_size is None:
             rank, world_size = self._distributed_context()
         training = split == "train"

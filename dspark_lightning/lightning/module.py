@@ -46,6 +46,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from dspark_lightning.checks import NonFiniteError
+from dspark_lightning.data.cache import load_cache_indexes
 from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.dtypes import DTYPES, torch_dtype
 from dspark_lightning.losses import (
@@ -298,8 +299,6 @@ class DSparkModule(L.LightningModule):
             raise ValueError("model.target_features is 'cache' but the data module has no data.train_cache/val_cache")
         if not caches:
             return
-        from dspark_lightning.data.cache import load_cache_indexes
-
         for cache in caches:
             meta = load_cache_indexes(cache)[0].meta
             if meta["target_layer_ids"] != self.target.target_layer_ids:
