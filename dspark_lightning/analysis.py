@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
+from dspark_lightning.evaluate import decode_table
 from dspark_lightning.metrics import bin_sums
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -232,8 +233,6 @@ def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
 
 def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
     """Greedy speculative decoding per mode on ``prompts`` -> {mode: decode_table row}."""
-    from dspark_lightning.evaluate import decode_table
-
     rows = decode_table(module, prompts, modes, 0.0, [None], max_new_tokens, k)
     return {row["mode"]: row for row in rows}
 
@@ -266,7 +265,7 @@ def quiet_logs() -> None:
     import lightning.pytorch  # noqa: F401  (sets its own log level on import: import first, then lower it)
     from transformers.utils import logging as hf_logging
 
-    from dspark_lightning import plotting  # noqa: F401
+    from dspark_lightning import plotting  # noqa: F401  (deferred: matplotlib, only for figures; selects Agg)
 
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -25,15 +25,14 @@ from pathlib import Path
 
 import torch
 
-from dspark_lightning.checks import dumps_json
+from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
+from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
+from dspark_lightning.lightning.module import DSparkModule
 
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     """(DSparkModule in eval mode, ShareGPTDataModule) rebuilt from a checkpoint written by ``fit``."""
-    from dspark_lightning.checks import check_finite_state, read_checkpoint
-    from dspark_lightning.data.datamodule import ShareGPTDataModule
-    from dspark_lightning.lightning.module import DSparkModule
-
     checkpoint = read_checkpoint(ckpt_path)  # a clear error for a missing or non-checkpoint file
     check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
     with warnings.catch_warnings():  # the target's weights are absent on purpose: they come from model.target
@@ -60,8 +59,6 @@ def decode_table(
     With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
     timed alternately with the speculative run, prompt by prompt, and the outputs checked equal.
     """
-    from dspark_lightning.decoding import DecodeStats, measure_speedup, speculative_generate
-
     rows = []
     for mode in modes:
         for threshold in thresholds:
@@ -122,8 +119,6 @@ def decode_table(
 def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
     """For each mode's whole-block row: the verify length that maximises predicted tokens/s (``best_verify_length``)
     from its measured per-slot acceptance and drafter cost per step, under T(n) = t0 + t1 * n."""
-    from dspark_lightning.decoding import best_verify_length
-
     table = []
     for row in rows:
         if row["threshold"] is not None or not row["accepted_rate_per_slot"]:

@@ -61,7 +61,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dspark_lightning import checks
+from dspark_lightning.checks import check_finite_state
 from dspark_lightning.dtypes import torch_dtype
+from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 from dspark_lightning.models.backbone import BackboneConfig
 from dspark_lightning.selector_convert import read_candidate_selector, to_candidate_selector
@@ -249,16 +252,11 @@ def export_drafter(
 def read_checkpoint(ckpt_path: str | os.PathLike) -> dict:
     """``torch.load(weights_only=True)``. Current checkpoints hold only plain data (the Markov head as a class_path
     dict); older ones pickled the head config object, so our own config classes (and nothing else) are allowed."""
-    from dspark_lightning.checks import read_checkpoint as read
-
-    return read(ckpt_path)
+    return checks.read_checkpoint(ckpt_path)
 
 
 def load_checkpoint_module(ckpt_path: str | os.PathLike, target: str | None = None):
     """Rebuild the ``DSparkModule`` of a Lightning checkpoint (``target`` overrides the recorded target path)."""
-    from dspark_lightning.checks import check_finite_state
-    from dspark_lightning.lightning.module import DSparkModule
-
     checkpoint = read_checkpoint(ckpt_path)
     hparams = dict(checkpoint["hyper_parameters"])
     hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}  # LightningCLI bookkeeping

@@ -204,7 +204,7 @@ def plot_results(rows: list[dict], output: Path, k: int) -> list[str]:
     """acceptance_per_slot.png, tau.png and (when a Selector-form head ran) selector.png; returns the file names."""
     import matplotlib.pyplot as plt
 
-    from dspark_lightning import plotting  # noqa: F401  (selects the Agg backend)
+    from dspark_lightning import plotting  # noqa: F401  (deferred like matplotlib itself; selects the Agg backend)
 
     written = []
     block_sizes = sorted({r["block_size"] for r in rows})

@@ -75,6 +75,7 @@ from dspark_lightning.models.backbone import (
 )
 from dspark_lightning.models.markov import VanillaMarkov, markov_config_from, markov_config_to_dict
 from dspark_lightning.models.target import TargetHeads
+from dspark_lightning.selector import candidate_loss
 
 log = logging.getLogger(__name__)
 
@@ -395,8 +396,6 @@ class DSparkModule(L.LightningModule):
             losses["loss_confidence"] = conf.detach()
             confidence = torch.sigmoid(conf_logits.detach().float())
         if hp.candidate_loss_weight > 0:
-            from dspark_lightning.selector import candidate_loss
-
             cand, recall = candidate_loss(
                 out.base_logits.flatten(0, 1),
                 self.drafter.markov_head,
