@@ -1,8 +1,8 @@
 """DSparkModule: the LightningModule that trains a DSpark drafter against a frozen Hugging Face target.
 
 One training step: target features for the packed batch (no grad) -> drafter forward over sampled blocks ->
-compound loss (chunked, analytic gradient) + confidence BCE on the detached acceptance (+ optional Selector candidate
-loss) -> metrics. Every constructor argument is a LightningCLI option (``model.<name>``).
+compound loss + confidence BCE (+ optional Selector candidate loss; ``lightning/step.py``) -> metrics. Every
+constructor argument is a LightningCLI option (``model.<name>``).
 
 Design choices:
 - The target is built in ``__init__`` (the drafter's shape depends on it) and is frozen and in eval mode forever.
@@ -26,9 +26,7 @@ Design choices:
   draft layer as its own FSDP unit when the strategy provides a wrapping context (and does nothing otherwise), so the
   frozen target is sharded layer by layer and the drafter's layers train sharded; the embedding / LM head shared by
   target and drafter stay in the root unit.
-- Non-finite guard: a NaN/inf training loss (``on_before_backward``) or gradient (``on_before_optimizer_step``, before
-  clipping and the step) raises :class:`NonFiniteError` naming the step, so the weights are never updated with it and
-  no checkpoint of the diverged state is written. Under fp16 loss scaling inf gradients are the scaler's business.
+- Non-finite guard (``lightning/guards.py``): a NaN/inf loss or gradient raises before the update is applied.
 - Skipped training records (the data module's ``bad_record_counts``) are logged as ``data/skipped/<reason>`` and
   ``data/skipped/total`` (this rank, current pass) at every log step.
 """
@@ -37,32 +35,27 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import lightning as L
 import torch
-import torchmetrics
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from dspark_lightning.checks import NonFiniteError
 from dspark_lightning.data.cache import load_cache_indexes
 from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.dtypes import DTYPES, torch_dtype
+from dspark_lightning.lightning.guards import NonFiniteGuard
+from dspark_lightning.lightning.optim import default_optimizer, warmup_cosine_schedule
+from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_metrics, step_output
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
-    compound_loss,
-    confidence_loss,
-    position_weights,
     validate_loss_options,
     validate_spec,
 )
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import (
     DrafterConfig,
-    DrafterOutput,
-    DraftVocab,
     DSparkDrafter,
     FrozenTarget,
     MarkovHeadConfig,
@@ -75,62 +68,14 @@ from dspark_lightning.models.backbone import (
 )
 from dspark_lightning.models.markov import VanillaMarkov, markov_config_from, markov_config_to_dict
 from dspark_lightning.models.target import TargetHeads
-from dspark_lightning.selector import candidate_loss
+from dspark_lightning.models.vocab import load_draft_vocab
 
 log = logging.getLogger(__name__)
 
 TARGET_FEATURES = ("online", "cache")
 
 
-@dataclass
-class StepOutput:
-    """What one ``shared_step`` computes. Per-slot tensors are [N_blocks, B'] over the trained slots only (slot 0 is
-    dropped in the DFlash convention, so B' = ``metric_block_size``)."""
-
-    loss: torch.Tensor  # the differentiable total loss
-    losses: dict[str, torch.Tensor]  # detached components for logging (``loss``, ``loss_tv``, ``loss_confidence`` ...)
-    alpha: torch.Tensor  # per-slot acceptance probability of the drafted token
-    greedy_match: torch.Tensor  # per-slot: the drafter's argmax equals the target's
-    valid: torch.Tensor  # per-slot supervision mask
-    confidence: torch.Tensor | None  # per-slot predicted acceptance (sigmoid), None without a confidence head
-    drafter_output: DrafterOutput  # the full drafter forward (anchors, logits, hidden ...)
-
-
-class AnchorCoverage(torchmetrics.Metric):
-    """Supervised positions predicted by some block / all supervised positions (sum states: exact under DDP)."""
-
-    full_state_update = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("covered", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("supervised", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, covered: torch.Tensor, supervised: torch.Tensor) -> None:
-        self.covered += covered
-        self.supervised += supervised
-
-    def compute(self) -> torch.Tensor:
-        return self.covered.float() / self.supervised.clamp(min=1).float()
-
-
-def default_optimizer(params):
-    return torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.0)
-
-
-def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1):
-    """Linear warm-up to the optimizer's lr, then cosine decay to ``min_lr_ratio`` of it at ``total_steps``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-class DSparkModule(L.LightningModule):
+class DSparkModule(NonFiniteGuard, L.LightningModule):
     def __init__(
         self,
         target: str = "assets/demo-target",
@@ -362,69 +307,7 @@ class DSparkModule(L.LightningModule):
             final_hidden,
             anchors=anchors,
         )
-        hp = self.hparams
-        B = hp.block_size
-        Nb = out.logits.shape[0] * out.logits.shape[1]
-        scheme = "dpace" if hp.position_weighting == "dpace" else "static"
-        weights = position_weights(
-            B,
-            scheme=hp.position_weighting,
-            gamma=hp.gamma,
-            sample_from_anchor=hp.sample_from_anchor,
-            device=self.device,
-        )
-        valid = out.slot_valid.view(Nb, B)
-        loss_out = compound_loss(
-            out.logits.reshape(Nb, B, -1),
-            out.teacher_logprobs.reshape(Nb, B, -1),
-            weights,
-            valid,
-            self.loss_spec,
-            hp.loss_chunk_size,
-            weight_scheme=scheme,
-            block_size=B,
-            lk_eta=hp.lk_eta,
-            nla_alpha_min=hp.nla_alpha_min,
-        )
-        total = loss_out.loss
-        losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
-        confidence = None
-        if out.confidence_logits is not None:
-            conf_logits = out.confidence_logits.reshape(Nb, B)
-            conf = confidence_loss(conf_logits, loss_out.alpha, loss_out.weights, valid)
-            total = total + hp.confidence_alpha * conf
-            losses["loss_confidence"] = conf.detach()
-            confidence = torch.sigmoid(conf_logits.detach().float())
-        if hp.candidate_loss_weight > 0:
-            cand, recall = candidate_loss(
-                out.base_logits.flatten(0, 1),
-                self.drafter.markov_head,
-                out.prev_tokens.flatten(0, 1),
-                out.hidden.flatten(0, 1),
-                self._draft_ids(out.target_tokens.flatten(0, 1)),
-                hp.candidate_k,
-                valid,
-                rule=hp.candidate_rule,
-            )
-            total = total + hp.candidate_loss_weight * cand
-            losses["loss_candidate"] = cand.detach()
-            losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
-        losses["loss"] = total.detach()
-        first = self.drafter_config.first_trained_slot
-        view = lambda t: None if t is None else t[:, first:]  # noqa: E731
-        return StepOutput(
-            loss=total,
-            losses=losses,
-            alpha=view(loss_out.alpha),
-            greedy_match=view(loss_out.greedy_match),
-            valid=view(valid),
-            confidence=view(confidence),
-            drafter_output=out,
-        )
-
-    def _draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
-        vocab = self.drafter.draft_vocab
-        return target_ids if vocab is None else vocab.to_draft(target_ids)
+        return step_output(out, self.hparams, self.loss_spec, self.drafter, self.drafter_config.first_trained_slot)
 
     def coverage_counts(self, batch, anchors) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.hparams
@@ -502,26 +385,6 @@ class DSparkModule(L.LightningModule):
         # per rank (keys differ between ranks, so no sync); cumulative over the current pass
         self.log_dict(skipped, on_step=True, on_epoch=False, batch_size=1)
 
-    # ------------------------------------------------------------------ non-finite guard
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        if not bool(torch.isfinite(loss.detach()).all()):
-            raise NonFiniteError(
-                f"training loss is {loss.item()} at step {self.global_step}: the run diverged, training stopped before "
-                "this update and no checkpoint of it was written (lower model.optimizer.init_args.lr?)"
-            )
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            return  # fp16 loss scaling: inf gradients are expected and skipped by the scaler
-        named = [(name, p.grad) for name, p in self.drafter.named_parameters() if p.grad is not None]
-        if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
-            return
-        bad = [name for name, grad in named if not bool(torch.isfinite(grad).all())]
-        raise NonFiniteError(
-            f"non-finite gradient at step {self.global_step} in {len(bad)} drafter tensor(s) ({', '.join(bad[:6])}): "
-            "training stopped before the optimizer step; no checkpoint of it was written"
-        )
-
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         params = [p for p in self.drafter.parameters() if p.requires_grad]
@@ -539,34 +402,3 @@ class DSparkModule(L.LightningModule):
         super().train(mode)
         self.target.train(False)
         return self
-
-
-def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, float]:
-    """``acceptance/accept_rate_per_slot`` [B] -> ``val/accept_rate/slot_0`` ...; scalars -> ``val/tau`` ..."""
-    flat: dict[str, float] = {}
-    for key, value in values.items():
-        group, name = key.split("/", 1)
-        prefix = f"{stage}/" if group == "acceptance" else f"{stage}/confidence/"
-        if name.startswith("reliability_"):
-            continue  # curves are drawn by the calibration callback, not logged as scalars
-        if value.ndim == 0:
-            flat[prefix + name] = float(value)
-        elif name.endswith("_per_slot"):
-            base = name.removesuffix("_per_slot")
-            for slot, v in enumerate(value.tolist()):
-                if not math.isnan(v):
-                    flat[f"{prefix}{base}/slot_{slot}"] = v
-    return flat
-
-
-def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:
-    """Read ``d2t`` (absolute target ids) from a safetensors file written by ``dspark-lightning draft-vocab``."""
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(path)
-    except Exception as error:  # noqa: BLE001 - re-raised with the file name
-        raise ValueError(f"could not read draft vocabulary {path!r}: {error}") from error
-    if "d2t" not in tensors:
-        raise ValueError(f"draft vocabulary file {path!r} has no 'd2t' tensor (found {sorted(tensors)})")
-    return DraftVocab(tensors["d2t"], verifier_vocab_size)
