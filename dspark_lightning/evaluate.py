@@ -99,15 +99,13 @@ def decode_table(
                     )
                     runs.append(run)
                 stats = DecodeStats.merge(runs)
-            seconds = stats.total_seconds
-            tokens_per_second = stats.new_tokens / seconds if seconds else math.nan
             rows.append(
                 dict(
                     mode=mode,
                     threshold=threshold,
                     tau=stats.tau,
-                    tokens_per_second=result["speculative_tokens_per_second"] if extra else tokens_per_second,
-                    mean_verified=sum(stats.verified_per_step) / max(1, len(stats.verified_per_step)),
+                    tokens_per_second=result["speculative_tokens_per_second"] if extra else stats.tokens_per_second,
+                    mean_verified=stats.mean_verified,
                     accepted_rate_per_slot=stats.accepted_rate_per_slot,
                     phase_ms_per_step=stats.phase_ms_per_step(),
                     **extra,
