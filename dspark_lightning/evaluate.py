@@ -4,9 +4,9 @@
                             [--temperature 0.7] [--thresholds 0.3 0.6] [--num_prompts 16] [--max_new_tokens 64]
     dspark-lightning calibrate --ckpt_path ... [--output calibrated.ckpt]
 
-Both rebuild the model (``DSparkModule.load_from_checkpoint`` with ``weights_only=True``: our checkpoints hold only
-tensors and plain hyper-parameters; the frozen target is re-loaded from its recorded path) and the data module from
-the hyper-parameters stored in the same checkpoint, so a run directory is all they need.
+Both rebuild the model (``lightning.checkpoint.load_checkpoint_module``, read with ``weights_only=True``: our
+checkpoints hold only tensors and plain hyper-parameters; the frozen target is re-loaded from its recorded path) and
+the data module from the hyper-parameters stored in the same checkpoint, so a run directory is all they need.
 
 ``decode`` prints one row per (mode, threshold): tau = tokens per target forward, tokens/s, mean verified length and
 the accepted rate per slot, over the data module's fixed eval prompts. ``calibrate`` fits per-slot confidence
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,22 +27,16 @@ import torch
 from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
-from dspark_lightning.lightning.module import DSparkModule
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     """(DSparkModule in eval mode, ShareGPTDataModule) rebuilt from a checkpoint written by ``fit``."""
     checkpoint = read_checkpoint(ckpt_path)  # a clear error for a missing or non-checkpoint file
-    check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
-    with warnings.catch_warnings():  # the target's weights are absent on purpose: they come from model.target
-        warnings.filterwarnings(
-            "ignore", message="Found keys that are in the model state dict but not in the checkpoint"
-        )
-        # decoding needs the whole target, also for a drafter trained from an offline feature cache
-        module = DSparkModule.load_from_checkpoint(
-            ckpt_path, map_location=map_location, weights_only=True, target_features="online"
-        )
-    module.eval()
+    # decoding needs the whole target, also for a drafter trained from an offline feature cache
+    module = load_checkpoint_module(
+        ckpt_path, checkpoint=checkpoint, where=f"--ckpt_path {ckpt_path}", target_features="online"
+    ).to(map_location)
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     data_kwargs.pop("_instantiator", None)
     data_kwargs.setdefault("tokenizer", module.hparams.target)
@@ -303,7 +296,7 @@ def collect_confidence_blocks(module, dataloader, max_batches: int):
 
 def calibrate_main(argv: Sequence[str] | None = None) -> dict:
     from dspark_lightning.calibration import fit_sequential_temperatures
-    from dspark_lightning.checks import check_finite_state, read_checkpoint
+    from dspark_lightning.checks import read_checkpoint
 
     parser = argparse.ArgumentParser(prog="dspark-lightning calibrate", description="sequential temperature scaling")
     parser.add_argument("--ckpt_path", required=True)

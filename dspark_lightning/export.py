@@ -19,8 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from dspark_lightning import checks
-from dspark_lightning.checks import check_finite_state
-from dspark_lightning.lightning.module import DSparkModule
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.models import DSparkDrafter
 from dspark_lightning.selector_convert import to_candidate_selector
 from dspark_lightning.speculators_format import (  # noqa: F401 - the format's names stay importable from here
@@ -107,32 +106,6 @@ def read_checkpoint(ckpt_path: str | os.PathLike) -> dict:
     """``torch.load(weights_only=True)``. Current checkpoints hold only plain data (the Markov head as a class_path
     dict); older ones pickled the head config object, so our own config classes (and nothing else) are allowed."""
     return checks.read_checkpoint(ckpt_path)
-
-
-def load_checkpoint_module(ckpt_path: str | os.PathLike, target: str | None = None):
-    """Rebuild the ``DSparkModule`` of a Lightning checkpoint (``target`` overrides the recorded target path)."""
-    checkpoint = read_checkpoint(ckpt_path)
-    hparams = dict(checkpoint["hyper_parameters"])
-    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}  # LightningCLI bookkeeping
-    hparams["compile"] = False
-    if target is not None:
-        hparams["target"] = target
-    state = checkpoint["state_dict"]
-    check_finite_state(state, f"checkpoint {ckpt_path}")  # never export (or rebuild) a diverged drafter
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_path = hparams.get("draft_vocab")
-        if vocab_path and not Path(vocab_path).is_file() and "drafter.draft_vocab.d2t" in state:
-            hparams["draft_vocab"] = str(Path(tmp) / "draft_vocab.safetensors")  # the file moved: use the ckpt's d2t
-            save_file({"d2t": state["drafter.draft_vocab.d2t"].contiguous()}, hparams["draft_vocab"])
-        module = DSparkModule(**hparams)
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    needed = set(module.state_dict()) - module.frozen_state_keys()
-    if unexpected or needed & set(missing):
-        raise KeyError(
-            f"checkpoint does not match its model: missing {sorted(needed & set(missing))[:8]}, "
-            f"unexpected {sorted(unexpected)[:8]}"
-        )
-    return module.eval()
 
 
 def export_checkpoint(
