@@ -32,6 +32,7 @@ import torch
 
 from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
 from dspark_lightning.evaluate import decode_table
+from dspark_lightning.lightning.step import evaluation_steps
 from dspark_lightning.metrics import bin_sums
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -171,11 +172,7 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
     first = module.drafter_config.first_trained_slot
     parts: dict[str, list[torch.Tensor]] = {}
     have = 0
-    for batch in dataloader:
-        if have >= max_blocks:
-            break
-        batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        step = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
+    for step in evaluation_steps(module, dataloader):
         alpha, valid, out = step.alpha, step.valid, step.drafter_output
         keep = valid.any(dim=1)
         take = max_blocks - have
@@ -196,6 +193,8 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
         for key, value in fields.items():
             parts.setdefault(key, []).append(value)
         have += int(fields["valid"].shape[0])
+        if have >= max_blocks:
+            break
     if not parts:
         raise ValueError("the validation dataloader produced no blocks with a valid slot")
     joined = {key: torch.cat(values) for key, values in parts.items()}

@@ -28,6 +28,7 @@ from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpo
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+from dspark_lightning.lightning.step import evaluation_steps
 
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
@@ -276,19 +277,13 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     return rows
 
 
-@torch.no_grad()
 def collect_confidence_blocks(module, dataloader, max_batches: int):
     """Confidence logits, acceptance and validity [Nb, B'] over validation batches (evaluation anchors)."""
     logits, alphas, valids = [], [], []
-    for index, batch in enumerate(dataloader):
-        if index >= max_batches:
-            break
-        step = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
-        alpha, valid, out = step.alpha, step.valid, step.drafter_output
-        first = module.drafter_config.first_trained_slot
-        logits.append(out.confidence_logits.flatten(0, 1)[:, first:].float())
-        alphas.append(alpha.float())
-        valids.append(valid)
+    for step in evaluation_steps(module, dataloader, max_batches):
+        logits.append(step.trained_slots(step.drafter_output.confidence_logits).float())
+        alphas.append(step.alpha.float())
+        valids.append(step.valid)
     if not logits:
         raise ValueError("the validation data yielded no batch to calibrate on")
     return torch.cat(logits), torch.cat(alphas), torch.cat(valids)

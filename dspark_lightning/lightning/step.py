@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,11 @@ class StepOutput:
     valid: torch.Tensor  # per-slot supervision mask
     confidence: torch.Tensor | None  # per-slot predicted acceptance (sigmoid), None without a confidence head
     drafter_output: DrafterOutput  # the full drafter forward (anchors, logits, hidden ...)
+    first_slot: int = 0  # the first trained slot (1 in the DFlash convention)
+
+    def trained_slots(self, t: torch.Tensor) -> torch.Tensor:
+        """A drafter-output tensor [rows, blocks, B, ...] as [N_blocks, B', ...] over the trained slots."""
+        return t.flatten(0, 1)[:, self.first_slot :]
 
 
 class AnchorCoverage(torchmetrics.Metric):
@@ -112,6 +117,7 @@ def step_output(
         valid=view(valid),
         confidence=view(confidence),
         drafter_output=out,
+        first_slot=first,
     )
 
 
@@ -131,3 +137,14 @@ def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, fl
                 if not math.isnan(v):
                     flat[f"{prefix}{base}/slot_{slot}"] = v
     return flat
+
+
+@torch.no_grad()
+def evaluation_steps(module, dataloader, max_batches: int | None = None) -> Iterator[StepOutput]:
+    """``module.shared_step`` on each batch (moved to the module's device) at the deterministic evaluation anchors:
+    the same blocks the validation metrics use. The one loop behind every offline block collection."""
+    for index, batch in enumerate(dataloader):
+        if max_batches is not None and index >= max_batches:
+            return
+        batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        yield module.shared_step(batch, anchors=module.evaluation_anchors(batch))
