@@ -165,7 +165,7 @@ def measure(module, shape: Shape, seq_len: int, anchors: int, device: str) -> di
 
     def drafter_step():
         with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
-            loss = module.shared_step(cached, torch.Generator().manual_seed(0))[0]
+            loss = module.shared_step(cached, torch.Generator().manual_seed(0)).loss
         loss.backward()
 
     def peak_and_time(fn) -> tuple[int, float]:

@@ -124,10 +124,11 @@ def measure(module, batch: dict, features: dict, anchors: int, repeats: int, ada
 
     def step() -> tuple[float, float, float]:
         t0 = time.perf_counter()
-        total, _, alpha, match, valid, _, _ = module.shared_step(batch, generator)
+        out = module.shared_step(batch, generator)
+        total = out.loss
         with torch.no_grad():
             stats = AcceptanceMetrics(module.metric_block_size)
-            stats.update(alpha, match, valid)
+            stats.update(out.alpha, out.greedy_match, out.valid)
             stats.compute()
         t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

@@ -190,10 +190,11 @@ def ours_worker(config_path: str) -> None:
 
     def step() -> dict:
         t0 = time.perf_counter()
-        total, _losses, alpha, match, valid, _, _ = module.shared_step(batch, generator)
+        out = module.shared_step(batch, generator)
+        total = out.loss
         with torch.no_grad():  # what training_step logs
             stats = AcceptanceMetrics(module.metric_block_size)
-            stats.update(alpha, match, valid)
+            stats.update(out.alpha, out.greedy_match, out.valid)
             stats.compute()
         t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

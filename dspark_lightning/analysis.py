@@ -30,6 +30,11 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
+from dspark_lightning.evaluate import decode_table
+from dspark_lightning.lightning.step import evaluation_steps
+from dspark_lightning.metrics import bin_sums
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -167,11 +172,8 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
     first = module.drafter_config.first_trained_slot
     parts: dict[str, list[torch.Tensor]] = {}
     have = 0
-    for batch in dataloader:
-        if have >= max_blocks:
-            break
-        batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
+    for step in evaluation_steps(module, dataloader):
+        alpha, valid, out = step.alpha, step.valid, step.drafter_output
         keep = valid.any(dim=1)
         take = max_blocks - have
 
@@ -191,6 +193,8 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
         for key, value in fields.items():
             parts.setdefault(key, []).append(value)
         have += int(fields["valid"].shape[0])
+        if have >= max_blocks:
+            break
     if not parts:
         raise ValueError("the validation dataloader produced no blocks with a valid slot")
     joined = {key: torch.cat(values) for key, values in parts.items()}
@@ -201,12 +205,9 @@ def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlock
 def reliability_bins(predicted: torch.Tensor, observed: torch.Tensor, valid: torch.Tensor, n_bins: int = 10):
     """(mean predicted, mean observed, count) per equal-width bin of ``predicted`` (NaN for empty bins), as
     ``plotting.reliability_diagram`` draws them."""
-    predicted, observed = predicted[valid].double(), observed[valid].double()
-    bins = (predicted * n_bins).long().clamp(0, n_bins - 1)
-    counts = torch.bincount(bins, minlength=n_bins).double()
-    mean_pred = torch.bincount(bins, weights=predicted, minlength=n_bins) / counts
-    mean_obs = torch.bincount(bins, weights=observed, minlength=n_bins) / counts
-    return mean_pred.tolist(), mean_obs.tolist(), counts.tolist()
+    counts, pred_sum, obs_sum = bin_sums(predicted[valid].double(), observed[valid].double(), n_bins)
+    counts = counts.double()
+    return (pred_sum / counts).tolist(), (obs_sum / counts).tolist(), counts.tolist()
 
 
 def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
@@ -215,8 +216,6 @@ def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
     Returns ``temperatures`` [B'], ``ece_before`` / ``ece_after`` (prefix-survival ECE on the held-out half) and the
     reliability bins before and after (``bins_before`` / ``bins_after``: (predicted, observed, counts)).
     """
-    from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
-
     if blocks.confidence_logits is None:
         raise ValueError("this drafter has no confidence head")
     fit_half, test_half = slice(0, None, 2), slice(1, None, 2)
@@ -233,8 +232,6 @@ def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
 
 def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
     """Greedy speculative decoding per mode on ``prompts`` -> {mode: decode_table row}."""
-    from dspark_lightning.evaluate import decode_table
-
     rows = decode_table(module, prompts, modes, 0.0, [None], max_new_tokens, k)
     return {row["mode"]: row for row in rows}
 
@@ -267,7 +264,7 @@ def quiet_logs() -> None:
     import lightning.pytorch  # noqa: F401  (sets its own log level on import: import first, then lower it)
     from transformers.utils import logging as hf_logging
 
-    from dspark_lightning import plotting  # noqa: F401
+    from dspark_lightning import plotting  # noqa: F401  (deferred: matplotlib, only for figures; selects Agg)
 
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from dspark_lightning.metrics import bin_sums
+
 
 def expected_calibration_error(
     predicted: torch.Tensor, observed: torch.Tensor, valid: torch.Tensor, n_bins: int = 10
@@ -21,9 +23,7 @@ def expected_calibration_error(
     predicted, observed = predicted[valid].double(), observed[valid].double()
     if predicted.numel() == 0:
         return torch.tensor(float("nan"))
-    bins = (predicted * n_bins).long().clamp(0, n_bins - 1)
-    pred_sum = torch.bincount(bins, weights=predicted, minlength=n_bins)
-    obs_sum = torch.bincount(bins, weights=observed, minlength=n_bins)
+    _, pred_sum, obs_sum = bin_sums(predicted, observed, n_bins)
     return (pred_sum - obs_sum).abs().sum() / predicted.numel()
 
 

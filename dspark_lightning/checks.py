@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from dspark_lightning.models import markov
+
 
 class NonFiniteError(FloatingPointError):
     """A loss, gradient or stored tensor holds NaN or infinity."""
@@ -22,8 +24,6 @@ def read_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> dic
     Current checkpoints hold only plain data (the Markov head as a class_path dict); older ones pickled the head config
     object, so our own config classes (and nothing else) are allowed.
     """
-    from dspark_lightning.models import markov
-
     path = Path(path)
     if not path.is_file():
         kind = "is a directory, not a checkpoint file" if path.is_dir() else "does not exist"

@@ -56,7 +56,7 @@ def _export(argv: Sequence[str]):
 
 
 def _cache(argv: Sequence[str]):
-    from dspark_lightning.data.cache import main
+    from dspark_lightning.cache_writer import main
 
     return main(list(argv))
 

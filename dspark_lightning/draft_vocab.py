@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.models.vocab import DraftVocab
 
 logger = logging.getLogger(__name__)
@@ -113,8 +114,6 @@ def build_draft_vocab(
     chat_template_kwargs: dict | None = None,
 ) -> tuple[DraftVocab, torch.Tensor, dict]:
     """Count the loss-masked tokens of ``data`` and select the draft vocabulary; returns (vocab, counts, summary)."""
-    from dspark_lightning.data.datamodule import ShareGPTDataModule
-
     dm = ShareGPTDataModule(
         tokenizer,
         train_files=data,

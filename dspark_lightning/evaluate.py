@@ -4,9 +4,9 @@
                             [--temperature 0.7] [--thresholds 0.3 0.6] [--num_prompts 16] [--max_new_tokens 64]
     dspark-lightning calibrate --ckpt_path ... [--output calibrated.ckpt]
 
-Both rebuild the model (``DSparkModule.load_from_checkpoint`` with ``weights_only=True``: our checkpoints hold only
-tensors and plain hyper-parameters; the frozen target is re-loaded from its recorded path) and the data module from
-the hyper-parameters stored in the same checkpoint, so a run directory is all they need.
+Both rebuild the model (``lightning.checkpoint.load_checkpoint_module``, read with ``weights_only=True``: our
+checkpoints hold only tensors and plain hyper-parameters; the frozen target is re-loaded from its recorded path) and
+the data module from the hyper-parameters stored in the same checkpoint, so a run directory is all they need.
 
 ``decode`` prints one row per (mode, threshold): tau = tokens per target forward, tokens/s, mean verified length and
 the accepted rate per slot, over the data module's fixed eval prompts. ``calibrate`` fits per-slot confidence
@@ -19,32 +19,25 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from dspark_lightning.checks import dumps_json
+from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
+from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+from dspark_lightning.lightning.step import evaluation_steps
 
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     """(DSparkModule in eval mode, ShareGPTDataModule) rebuilt from a checkpoint written by ``fit``."""
-    from dspark_lightning.checks import check_finite_state, read_checkpoint
-    from dspark_lightning.data.datamodule import ShareGPTDataModule
-    from dspark_lightning.lightning.module import DSparkModule
-
     checkpoint = read_checkpoint(ckpt_path)  # a clear error for a missing or non-checkpoint file
-    check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
-    with warnings.catch_warnings():  # the target's weights are absent on purpose: they come from model.target
-        warnings.filterwarnings(
-            "ignore", message="Found keys that are in the model state dict but not in the checkpoint"
-        )
-        # decoding needs the whole target, also for a drafter trained from an offline feature cache
-        module = DSparkModule.load_from_checkpoint(
-            ckpt_path, map_location=map_location, weights_only=True, target_features="online"
-        )
-    module.eval()
+    # decoding needs the whole target, also for a drafter trained from an offline feature cache
+    module = load_checkpoint_module(
+        ckpt_path, checkpoint=checkpoint, where=f"--ckpt_path {ckpt_path}", target_features="online"
+    ).to(map_location)
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     data_kwargs.pop("_instantiator", None)
     data_kwargs.setdefault("tokenizer", module.hparams.target)
@@ -60,8 +53,6 @@ def decode_table(
     With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
     timed alternately with the speculative run, prompt by prompt, and the outputs checked equal.
     """
-    from dspark_lightning.decoding import DecodeStats, measure_speedup, speculative_generate
-
     rows = []
     for mode in modes:
         for threshold in thresholds:
@@ -102,15 +93,13 @@ def decode_table(
                     )
                     runs.append(run)
                 stats = DecodeStats.merge(runs)
-            seconds = stats.total_seconds
-            tokens_per_second = stats.new_tokens / seconds if seconds else math.nan
             rows.append(
                 dict(
                     mode=mode,
                     threshold=threshold,
                     tau=stats.tau,
-                    tokens_per_second=result["speculative_tokens_per_second"] if extra else tokens_per_second,
-                    mean_verified=sum(stats.verified_per_step) / max(1, len(stats.verified_per_step)),
+                    tokens_per_second=result["speculative_tokens_per_second"] if extra else stats.tokens_per_second,
+                    mean_verified=stats.mean_verified,
                     accepted_rate_per_slot=stats.accepted_rate_per_slot,
                     phase_ms_per_step=stats.phase_ms_per_step(),
                     **extra,
@@ -122,8 +111,6 @@ def decode_table(
 def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
     """For each mode's whole-block row: the verify length that maximises predicted tokens/s (``best_verify_length``)
     from its measured per-slot acceptance and drafter cost per step, under T(n) = t0 + t1 * n."""
-    from dspark_lightning.decoding import best_verify_length
-
     table = []
     for row in rows:
         if row["threshold"] is not None or not row["accepted_rate_per_slot"]:
@@ -290,18 +277,13 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     return rows
 
 
-@torch.no_grad()
 def collect_confidence_blocks(module, dataloader, max_batches: int):
     """Confidence logits, acceptance and validity [Nb, B'] over validation batches (evaluation anchors)."""
     logits, alphas, valids = [], [], []
-    for index, batch in enumerate(dataloader):
-        if index >= max_batches:
-            break
-        _, _, alpha, _, valid, _, out = module.shared_step(batch, anchors=module.evaluation_anchors(batch))
-        first = module.drafter_config.first_trained_slot
-        logits.append(out.confidence_logits.flatten(0, 1)[:, first:].float())
-        alphas.append(alpha.float())
-        valids.append(valid)
+    for step in evaluation_steps(module, dataloader, max_batches):
+        logits.append(step.trained_slots(step.drafter_output.confidence_logits).float())
+        alphas.append(step.alpha.float())
+        valids.append(step.valid)
     if not logits:
         raise ValueError("the validation data yielded no batch to calibrate on")
     return torch.cat(logits), torch.cat(alphas), torch.cat(valids)
@@ -309,7 +291,7 @@ def collect_confidence_blocks(module, dataloader, max_batches: int):
 
 def calibrate_main(argv: Sequence[str] | None = None) -> dict:
     from dspark_lightning.calibration import fit_sequential_temperatures
-    from dspark_lightning.checks import check_finite_state, read_checkpoint
+    from dspark_lightning.checks import read_checkpoint
 
     parser = argparse.ArgumentParser(prog="dspark-lightning calibrate", description="sequential temperature scaling")
     parser.add_argument("--ckpt_path", required=True)

@@ -27,6 +27,7 @@ import torch
 
 from dspark_lightning.data.sharegpt import PACKAGE_PREFIX, package_path
 from dspark_lightning.data.tokenize import choose_mask_token
+from dspark_lightning.dtypes import DTYPES
 
 # Architectures whose GGUF tensors transformers maps onto its own modules (and that we tested: llama = SmolLM2).
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
@@ -92,7 +93,7 @@ def import_gguf(
         del config.quantization_config  # the saved weights are plain floats
     config.architectures = [type(quantized).__name__]
     config.dtype = dtype
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = DTYPES[dtype]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     state = {k: v.to(torch_dtype) for k, v in quantized.state_dict().items()}

@@ -140,9 +140,9 @@ def _pm(mean: float, std: float, n: int) -> str:
 def plot_study(groups: list[dict], output: Path) -> str:
     """loss_study.png: tau per loss (error bars = seed std) and acceptance per slot, teacher-forced and measured
     (the measured rate of slot k is conditional on slots < k having been accepted)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is only needed to draw
 
-    from dspark_lightning import plotting
+    from dspark_lightning import plotting  # deferred with matplotlib
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     ax = axes[0]

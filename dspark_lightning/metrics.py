@@ -12,7 +12,15 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
-__all__ = ["AcceptanceMetrics", "ConfidenceCalibration", "acceptance_stats", "block_tau", "greedy_block_tau"]
+__all__ = [
+    "AcceptanceMetrics",
+    "ConfidenceCalibration",
+    "acceptance_stats",
+    "bin_sums",
+    "block_tau",
+    "greedy_block_tau",
+    "prefix_length",
+]
 
 
 def _as_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -26,14 +34,20 @@ def _as_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def block_tau(alpha: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Per-block expected acceptance length 1 + Σ_k Π_{j≤k} α_j·m_j for ``[Nb, B]`` inputs."""
-    return 1.0 + torch.cumprod(alpha.float() * valid.float(), dim=-1).sum(-1)
+    """Per-block expected acceptance length 1 + Σ_k Π_{j≤k} α_j·m_j for ``[Nb, B]`` inputs (float32, or float64 for
+    float64 ``alpha``)."""
+    dtype = torch.promote_types(alpha.dtype, torch.float32)
+    return 1.0 + torch.cumprod(alpha.to(dtype) * valid.to(dtype), dim=-1).sum(-1)
+
+
+def prefix_length(matches: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True per row of a ``[N, B]`` bool tensor (int64)."""
+    return matches.to(torch.long).cumprod(dim=-1).sum(dim=-1)
 
 
 def greedy_block_tau(match: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-block greedy acceptance length 1 + longest prefix of valid, greedy-matched slots."""
-    ok = match.bool() & valid.bool()
-    return 1.0 + torch.cumprod(ok.float(), dim=-1).sum(-1)
+    return 1.0 + prefix_length(match.bool() & valid.bool()).float()
 
 
 def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -88,8 +102,15 @@ class AcceptanceMetrics(Metric):
         }
 
 
-def _bin_index(x: torch.Tensor, n_bins: int) -> torch.Tensor:
-    return (x * n_bins).floor().long().clamp(0, n_bins - 1)
+def bin_sums(
+    predicted: torch.Tensor, observed: torch.Tensor, n_bins: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(count, sum of predicted, sum of observed) per equal-width bin of ``predicted`` in [0, 1] (flat inputs): the
+    one binning behind the ECE, the calibration metric and the reliability diagrams."""
+    idx = (predicted * n_bins).floor().long().clamp(0, n_bins - 1)
+    zeros = torch.zeros(n_bins, dtype=predicted.dtype, device=predicted.device)
+    count = torch.zeros(n_bins, dtype=torch.long, device=predicted.device).index_add_(0, idx, torch.ones_like(idx))
+    return count, zeros.index_add(0, idx, predicted), zeros.index_add(0, idx, observed.to(predicted.dtype))
 
 
 class ConfidenceCalibration(Metric):
@@ -119,10 +140,10 @@ class ConfidenceCalibration(Metric):
             self.add_state(f"{prefix}_obs_sum", torch.zeros(k, dtype=f32), dist_reduce_fx="sum")
 
     def _add_bins(self, prefix: str, conf: torch.Tensor, obs: torch.Tensor) -> None:
-        idx = _bin_index(conf, self.n_bins)
-        getattr(self, f"{prefix}_count").index_add_(0, idx, torch.ones_like(idx))
-        getattr(self, f"{prefix}_conf_sum").index_add_(0, idx, conf)
-        getattr(self, f"{prefix}_obs_sum").index_add_(0, idx, obs)
+        count, conf_sum, obs_sum = bin_sums(conf, obs, self.n_bins)
+        getattr(self, f"{prefix}_count").add_(count)
+        getattr(self, f"{prefix}_conf_sum").add_(conf_sum)
+        getattr(self, f"{prefix}_obs_sum").add_(obs_sum)
 
     def update(self, confidence: torch.Tensor, alpha: torch.Tensor, valid_mask: torch.Tensor) -> None:
         b = self.block_size

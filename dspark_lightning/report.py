@@ -53,6 +53,8 @@ from dspark_lightning.analysis import (
     quieted,
 )
 from dspark_lightning.checks import dumps_json
+from dspark_lightning.decoding import supported_modes
+from dspark_lightning.selector import equivalence_report
 
 HEADS = ("none", "vanilla", "gated", "rnn")
 SELECTOR_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -60,8 +62,6 @@ SELECTOR_KS = (1, 2, 4, 8, 16, 32, 64)
 
 def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int) -> dict:
     """Every report number for a trained module (see the module docstring)."""
-    from dspark_lightning.selector import equivalence_report
-
     module.eval()
     head = module.drafter.markov_head
     values = module.last_validation
@@ -71,8 +71,9 @@ def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: in
         "accept_rate_per_slot": [float(v) for v in values["acceptance/accept_rate_per_slot"].tolist()],
         "greedy_acc_per_slot": [float(v) for v in values["acceptance/greedy_acc_per_slot"].tolist()],
     }
-    selector_form = head is not None and not head.is_path_dependent
-    modes = ["parallel"] if head is None else ["markov", "selector"] if selector_form else ["markov"]
+    selector_form = "selector" in supported_modes(head)
+    # with a head, the Markov modes only (parallel is then the same drafter without its head)
+    modes = [m for m in supported_modes(head) if head is None or m != "parallel"]
     prompts = datamodule.eval_prompts()[:num_prompts]
     decoded = measured_decoding(module, prompts, modes, max_new_tokens, k)
     result["measured_tau"] = decoded[modes[0]]["tau"]
@@ -203,7 +204,7 @@ def plot_results(rows: list[dict], output: Path, k: int) -> list[str]:
     """acceptance_per_slot.png, tau.png and (when a Selector-form head ran) selector.png; returns the file names."""
     import matplotlib.pyplot as plt
 
-    from dspark_lightning import plotting  # noqa: F401  (selects the Agg backend)
+    from dspark_lightning import plotting  # noqa: F401  (deferred like matplotlib itself; selects the Agg backend)
 
     written = []
     block_sizes = sorted({r["block_size"] for r in rows})

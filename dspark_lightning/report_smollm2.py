@@ -28,6 +28,7 @@ import torch
 from dspark_lightning.analysis import REPO_ROOT, quieted
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import measure_speedup
+from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")
@@ -55,8 +56,6 @@ def evaluate_head(
     cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int, wall_clock: bool = True
 ) -> dict:
     """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing."""
-    from dspark_lightning.lightning.module import DSparkModule
-
     online = DSparkModule.load_from_checkpoint(
         cli.trainer.checkpoint_callback.last_model_path, target_features="online", weights_only=True
     ).eval()

@@ -37,11 +37,11 @@ def run(rank: int, world_size: int, port: int, queue) -> None:
         batch_size=2, shuffle_buffer=0,
     )  # fmt: skip
     batch = next(iter(data.train_dataloader(rank=0, world_size=1)))
-    unsharded = module.shared_step(batch, torch.Generator().manual_seed(1))[0].item()
+    unsharded = module.shared_step(batch, torch.Generator().manual_seed(1)).loss.item()
     before = {n: p.detach().clone() for n, p in module.target.named_parameters()}
     with enable_wrap(wrapper_cls=FSDP, use_orig_params=True, device_id=torch.device("cpu")):
         module.configure_model()
-    module.forward = lambda b, g: module.shared_step(b, g)[0]  # Lightning runs the step inside the root forward
+    module.forward = lambda b, g: module.shared_step(b, g).loss  # Lightning runs the step inside the root forward
     model = FSDP(module, use_orig_params=True, device_id=torch.device("cpu"))
     loss = model(batch, torch.Generator().manual_seed(1))
     loss.backward()

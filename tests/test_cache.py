@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from dspark_lightning.cache_writer import main as cache_main
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.cache import CachedFeatureDataset, bytes_per_sample
-from dspark_lightning.data.cache import main as cache_main
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.models.target import FrozenTarget, TargetHeads
@@ -62,8 +62,8 @@ def test_cache_trained_loss_equals_online_loss(tmp_path, float32_cache, dtype):
     for online_batch, cached_batch in zip(online_batches, cached_batches):
         for key, value in online_batch.items():  # same packed samples, same dtypes as the online stream
             assert torch.equal(cached_batch[key], value) and cached_batch[key].dtype == value.dtype, key
-        loss_online = online.shared_step(online_batch, torch.Generator().manual_seed(3))[0]
-        loss_cached = cached.shared_step(cached_batch, torch.Generator().manual_seed(3))[0]
+        loss_online = online.shared_step(online_batch, torch.Generator().manual_seed(3)).loss
+        loss_cached = cached.shared_step(cached_batch, torch.Generator().manual_seed(3)).loss
         if dtype == "float32":
             torch.testing.assert_close(loss_cached, loss_online, rtol=1e-6, atol=1e-6)
         else:  # bf16 features: close, not equal

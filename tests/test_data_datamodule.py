@@ -219,7 +219,7 @@ def test_hub_dataset_ids_stream_through_load_dataset(tmp_path, monkeypatch):
         rows.append({"conversations": []})
         return IterableDataset.from_generator(lambda: iter(rows))
 
-    monkeypatch.setattr("dspark_lightning.data.datamodule.load_dataset", fake_load_dataset)
+    monkeypatch.setattr("dspark_lightning.data.stream.load_dataset", fake_load_dataset)
     dm = ShareGPTDataModule(DEMO_TARGET, "someone/chats", "someone/chats:cfg:test", seq_len=128, block_size=4)
     assert sorted(markers_in(dm.train_dataloader(), dm.tokenizer)) == list(range(6))
     assert dm.bad_record_counts("train") == {"empty_conversations": 1}

@@ -177,7 +177,7 @@ def test_draft_vocab_on_empty_or_unusable_input_fails(tmp_path):
 
 
 def test_cache_over_only_bad_records_fails(tmp_path):
-    from dspark_lightning.data.cache import main as cache_main
+    from dspark_lightning.cache_writer import main as cache_main
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{"messages": "hi"}\n')

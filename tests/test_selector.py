@@ -177,7 +177,7 @@ def test_pair_scores_equal_head_logits_restricted_to_candidates(form, reduced_vo
 
 
 def test_default_gate_table_is_cached_and_follows_weight_changes():
-    from dspark_lightning.selector import _cached_prev_gate_table
+    from dspark_lightning.selector.pairs import _cached_prev_gate_table
 
     head = make_head(PAIR_FORMS[1], seed=21)
     base, first_prev, hidden = make_block(3, 4, 11, 11, 6, seed=21)

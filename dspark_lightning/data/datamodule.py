@@ -1,11 +1,9 @@
 """``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations for Lightning.
 
 Design choices:
-- Records are always streamed with ``datasets`` (``streaming=True``): hub ids through ``load_dataset``, local files
-  through ``IterableDataset.from_generator`` over this package's own reader (one shard per file, so file and line
-  survive for errors). Training shuffles shard order and records (buffer of ``shuffle_buffer`` records, ``seed``),
-  re-shuffled every epoch via ``set_epoch``; validation is read in file order (packing may move a document by a few
-  rows).
+- Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows). Training
+  shuffles shard order and records (buffer of ``shuffle_buffer`` records, ``seed``), re-shuffled every epoch via
+  ``set_epoch``; validation is read in file order (packing may move a document by a few rows).
 - Sharding: ``split_dataset_by_node(rank, world_size)`` per DDP rank (whole shards when the shard count divides the
   world size, otherwise every ``world_size``-th record), then ``datasets`` gives each DataLoader worker its own shards
   (at most ``num_shards`` workers do work). Tokenisation and packing run after the split, inside each worker, so no
@@ -34,14 +32,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import lightning as L
 import torch
-from datasets import IterableDataset, load_dataset
 from datasets.distributed import split_dataset_by_node
-from torch.utils.data import IterableDataset as TorchIterableDataset
 from transformers import AutoTokenizer
 
 from dspark_lightning.data.accounting import (  # noqa: F401 - SharedCounts, COUNTER_NAMES stay importable from here
@@ -51,110 +46,20 @@ from dspark_lightning.data.accounting import (  # noqa: F401 - SharedCounts, COU
     NoTrainableDataError,
     SharedCounts,
 )
+from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES, check_data_files
 from dspark_lightning.data.sharegpt import (
     BAD_RECORD_REASONS,
-    BadRecordError,
     Conversation,
     DataSource,
     IdSplit,
-    InvalidRecord,
-    RawRecord,
     iter_conversations,
-    iter_local_records,
-    limit_shards,
     resolve_source,
-    to_conversation,
 )
-from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker, choose_mask_token
+from dspark_lightning.data.stream import PackedConversationStream, open_record_stream, raw_record_from_example
+from dspark_lightning.data.tokenize import ConversationEncoder, choose_mask_token
 
 logger = logging.getLogger(__name__)
-
-
-def _local_examples(shards: list[tuple[str, int | None]], max_record_bytes: int) -> Iterator[dict[str, Any]]:
-    """Generator behind the local streaming dataset: one example per raw record, keeping file and line."""
-    for raw in iter_local_records(shards, max_record_bytes, skip_broken_rest=True):
-        yield {
-            "record": raw.record,
-            "source": raw.source,
-            "line": raw.line,
-            "json_error": raw.json_error,
-            "reason": raw.reason,
-        }
-
-
-def open_record_stream(
-    source: DataSource, *, limit: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-) -> IterableDataset:
-    """A streaming ``datasets.IterableDataset`` over the raw records of ``source`` (first ``limit`` if given)."""
-    if source.is_hub:
-        stream = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
-        return stream.take(limit) if limit is not None else stream
-    shards = limit_shards(source.files, limit)
-    return IterableDataset.from_generator(
-        _local_examples, gen_kwargs={"shards": shards, "max_record_bytes": max_record_bytes}
-    )
-
-
-def raw_record_from_example(example: dict[str, Any], source: DataSource) -> RawRecord:
-    """Undo :func:`_local_examples` (local) or wrap a hub row (the row itself is the record)."""
-    if source.is_hub:
-        return RawRecord(example, source.describe(), None)
-    reason = example.get("reason")
-    return RawRecord(example["record"], example["source"], example["line"], example["json_error"], reason=reason)
-
-
-class PackedConversationStream(TorchIterableDataset):
-    """Torch iterable dataset: raw records -> validated -> tokenised -> packed rows (the batch contract)."""
-
-    def __init__(
-        self,
-        records: IterableDataset,
-        source: DataSource,
-        encoder: ConversationEncoder,
-        seq_len: int,
-        pad_token_id: int,
-        on_bad_record: str,
-        counts: SharedCounts,
-        keep_split: tuple[IdSplit, str] | None = None,
-    ):
-        self.records, self.source, self.encoder, self.keep_split = records, source, encoder, keep_split
-        self.seq_len, self.pad_token_id, self.on_bad_record, self.counts = seq_len, pad_token_id, on_bad_record, counts
-
-    def set_epoch(self, epoch: int) -> None:
-        self.records.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        row = self.counts.current_row()
-        self.counts.reset(row)
-        packer = SequencePacker(self.seq_len, self.pad_token_id)
-        for example in self.records:
-            raw = raw_record_from_example(example, self.source)
-            self.counts.add(row, "records")
-            try:
-                conversation = to_conversation(raw)
-                if (
-                    self.keep_split is not None
-                    and self.keep_split[0].split_of(conversation.record_id) != self.keep_split[1]
-                ):
-                    self.counts.add(row, "other_split_records")  # held out for another split: not a bad record
-                    continue
-                document = self.encoder.encode(conversation.messages, max_length=self.seq_len)
-            except InvalidRecord as bad:
-                if self.on_bad_record == "raise":
-                    raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None
-                self.counts.add(row, bad.reason)
-                continue
-            self.counts.add(row, "documents")
-            self.counts.add(row, "truncated_documents", int(document.truncated))
-            self.counts.add(row, "tokens", len(document))
-            self.counts.add(row, "supervised_tokens", sum(document.loss_mask))
-            for packed in packer.add(document):
-                self.counts.add(row, "rows")
-                yield packed
-        for packed in packer.flush():
-            self.counts.add(row, "rows")
-            yield packed
 
 
 class ShareGPTDataModule(L.LightningDataModule):
@@ -380,8 +285,6 @@ class ShareGPTDataModule(L.LightningDataModule):
         return self.train_cache if split == "train" else self.val_cache
 
     def _cached_dataloader(self, split: str, rank: int | None = None, world_size: int | None = None):
-        from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
-
         if rank is None or world_size is None:
             rank, world_size = self._distributed_context()
         training = split == "train"

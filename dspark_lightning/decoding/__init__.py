@@ -10,6 +10,7 @@ from dspark_lightning.decoding.loop import (
     scheduled_length,
     speculative_generate,
 )
+from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.decoding.speedup import measure_speedup
 from dspark_lightning.decoding.stats import PHASES, DecodeStats
 
@@ -25,4 +26,5 @@ __all__ = [
     "prefix_survival",
     "scheduled_length",
     "speculative_generate",
+    "supported_modes",
 ]

@@ -129,7 +129,7 @@ def measure_speedup(
         speculative_tokens_per_second=merged.new_tokens / spec_total if spec_total > 0 else float("nan"),
         tau=merged.tau,
         target_forwards=merged.target_forwards,
-        mean_verified=sum(merged.verified_per_step) / max(1, len(merged.verified_per_step)),
+        mean_verified=merged.mean_verified,
         accepted_rate_per_slot=merged.accepted_rate_per_slot,
         phase_ms_per_step=merged.phase_ms_per_step(),
         prefill_seconds=merged.prefill_seconds,

@@ -51,6 +51,16 @@ class DecodeStats:
         return sum(self.emitted_per_step) / max(1, self.target_forwards)
 
     @property
+    def mean_verified(self) -> float:
+        """Mean number of drafted tokens the target verified per step."""
+        return sum(self.verified_per_step) / max(1, len(self.verified_per_step))
+
+    @property
+    def tokens_per_second(self) -> float:
+        total = self.total_seconds
+        return self.new_tokens / total if total > 0 else math.nan
+
+    @property
     def accepted_rate_per_slot(self) -> list[float]:
         """P(slot k accepted | it was verified and every slot before it was accepted) over the run."""
         longest = max(self.verified_per_step, default=0)
@@ -84,7 +94,6 @@ class DecodeStats:
         return merged
 
     def as_dict(self) -> dict:
-        total = self.total_seconds
         return dict(
             mode=self.mode,
             k=self.k,
@@ -93,10 +102,10 @@ class DecodeStats:
             new_tokens=self.new_tokens,
             target_forwards=self.target_forwards,
             tau=self.tau,
-            mean_verified=sum(self.verified_per_step) / max(1, len(self.verified_per_step)),
+            mean_verified=self.mean_verified,
             draft_seconds=self.draft_seconds,
             **{f"{phase}_seconds": getattr(self, f"{phase}_seconds") for phase in PHASES},
-            total_seconds=total,
-            tokens_per_second=self.new_tokens / total if total > 0 else math.nan,
+            total_seconds=self.total_seconds,
+            tokens_per_second=self.tokens_per_second,
             accepted_rate_per_slot=self.accepted_rate_per_slot,
         )

@@ -19,6 +19,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from dspark_lightning import plotting
+from dspark_lightning.decoding import speculative_generate, supported_modes
+from dspark_lightning.selector import equivalence_report
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,7 @@ class SelectorEquivalenceCallback(L.Callback):
 
     def _applicable(self, pl_module) -> bool:
         head = pl_module.drafter.markov_head
-        ok = head is not None and not head.is_path_dependent
+        ok = "selector" in supported_modes(head)
         if pl_module._trainer is not None and parameters_sharded(pl_module.trainer):
             ok = False  # FSDP: the Markov head's weights are sharded outside forward
         if not ok and not self._warned:
@@ -169,8 +171,6 @@ class SelectorEquivalenceCallback(L.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._buffers or trainer.sanity_checking:
             return
-        from dspark_lightning.selector import equivalence_report
-
         base, hidden, first_prev, teacher, valid = (torch.cat(parts) for parts in zip(*self._buffers))
         self._buffers = []
         report = equivalence_report(
@@ -216,15 +216,11 @@ class SpeculativeDecodingCallback(L.Callback):
             return
         if parameters_sharded(trainer) or not hasattr(pl_module.target, "model"):
             return  # FSDP (sharded target), or cache mode (model.target_features=cache): no target decoder to verify drafts with
-        from dspark_lightning.decoding import speculative_generate
-
         prompts = trainer.datamodule.eval_prompts()[: self.num_prompts]
         head = pl_module.drafter.markov_head
         teacher_tau = pl_module.last_validation.get("acceptance/tau")
         for mode in self.modes:
-            if mode != "parallel" and head is None:
-                continue
-            if mode == "selector" and head.is_path_dependent:
+            if mode not in supported_modes(head):
                 continue
             emitted = forwards = 0
             for prompt in prompts:

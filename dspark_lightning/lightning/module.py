@@ -1,8 +1,8 @@
 """DSparkModule: the LightningModule that trains a DSpark drafter against a frozen Hugging Face target.
 
 One training step: target features for the packed batch (no grad) -> drafter forward over sampled blocks ->
-compound loss (chunked, analytic gradient) + confidence BCE on the detached acceptance (+ optional Selector candidate
-loss) -> metrics. Every constructor argument is a LightningCLI option (``model.<name>``).
+compound loss + confidence BCE (+ optional Selector candidate loss; ``lightning/step.py``) -> metrics. Every
+constructor argument is a LightningCLI option (``model.<name>``).
 
 Design choices:
 - The target is built in ``__init__`` (the drafter's shape depends on it) and is frozen and in eval mode forever.
@@ -26,9 +26,7 @@ Design choices:
   draft layer as its own FSDP unit when the strategy provides a wrapping context (and does nothing otherwise), so the
   frozen target is sharded layer by layer and the drafter's layers train sharded; the embedding / LM head shared by
   target and drafter stay in the root unit.
-- Non-finite guard: a NaN/inf training loss (``on_before_backward``) or gradient (``on_before_optimizer_step``, before
-  clipping and the step) raises :class:`NonFiniteError` naming the step, so the weights are never updated with it and
-  no checkpoint of the diverged state is written. Under fp16 loss scaling inf gradients are the scaler's business.
+- Non-finite guard (``lightning/guards.py``): a NaN/inf loss or gradient raises before the update is applied.
 - Skipped training records (the data module's ``bad_record_counts``) are logged as ``data/skipped/<reason>`` and
   ``data/skipped/total`` (this rank, current pass) at every log step.
 """
@@ -40,22 +38,28 @@ import math
 
 import lightning as L
 import torch
-import torchmetrics
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from dspark_lightning.checks import NonFiniteError
+from dspark_lightning.data.cache import load_cache_indexes
+from dspark_lightning.decoding.modes import supported_modes
+from dspark_lightning.dtypes import DTYPES, torch_dtype
+from dspark_lightning.lightning.guards import NonFiniteGuard
+from dspark_lightning.lightning.optim import default_optimizer, warmup_cosine_schedule
+from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_metrics, step_output
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
-    compound_loss,
-    confidence_loss,
-    position_weights,
     validate_loss_options,
     validate_spec,
 )
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
-from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+from dspark_lightning.models import (
+    DrafterConfig,
+    DSparkDrafter,
+    FrozenTarget,
+    MarkovHeadConfig,
+)
 from dspark_lightning.models.backbone import (
     ANCHOR_BUDGETS,
     anchor_coverage_counts,
@@ -64,48 +68,14 @@ from dspark_lightning.models.backbone import (
 )
 from dspark_lightning.models.markov import VanillaMarkov, markov_config_from, markov_config_to_dict
 from dspark_lightning.models.target import TargetHeads
+from dspark_lightning.models.vocab import load_draft_vocab
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 TARGET_FEATURES = ("online", "cache")
 
 
-class AnchorCoverage(torchmetrics.Metric):
-    """Supervised positions predicted by some block / all supervised positions (sum states: exact under DDP)."""
-
-    full_state_update = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("covered", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("supervised", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, covered: torch.Tensor, supervised: torch.Tensor) -> None:
-        self.covered += covered
-        self.supervised += supervised
-
-    def compute(self) -> torch.Tensor:
-        return self.covered.float() / self.supervised.clamp(min=1).float()
-
-
-def default_optimizer(params):
-    return torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.0)
-
-
-def warmup_cosine_schedule(optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1):
-    """Linear warm-up to the optimizer's lr, then cosine decay to ``min_lr_ratio`` of it at ``total_steps``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-class DSparkModule(L.LightningModule):
+class DSparkModule(NonFiniteGuard, L.LightningModule):
     def __init__(
         self,
         target: str = "assets/demo-target",
@@ -205,9 +175,8 @@ class DSparkModule(L.LightningModule):
         self.scheduler_factory = scheduler
         self.strict_loading = False
 
-        dtype = DTYPES.get(target_dtype)
-        if dtype is None:
-            raise ValueError(f"target_dtype must be one of {sorted(DTYPES)}, got {target_dtype!r}")
+        # "auto": the checkpoint's own dtype, which from_pretrained reads
+        dtype = "auto" if target_dtype == "auto" else torch_dtype(target_dtype, (*DTYPES, "auto"), what="target_dtype")
         if target_features not in TARGET_FEATURES:
             raise ValueError(f"target_features must be one of {TARGET_FEATURES}, got {target_features!r}")
         if anchor_budget not in ANCHOR_BUDGETS:
@@ -246,9 +215,7 @@ class DSparkModule(L.LightningModule):
         self.val_calibration = ConfidenceCalibration(self.metric_block_size)
         self.val_coverage = AnchorCoverage()
         self.last_validation: dict[str, torch.Tensor] = {}
-        if candidate_loss_weight > 0 and (
-            self.drafter.markov_head is None or self.drafter.markov_head.is_path_dependent
-        ):
+        if candidate_loss_weight > 0 and "selector" not in supported_modes(self.drafter.markov_head):
             raise ValueError("candidate_loss_weight > 0 needs a vanilla or gated Markov head (the Selector form)")
 
     # ------------------------------------------------------------------ checkpoints
@@ -278,8 +245,6 @@ class DSparkModule(L.LightningModule):
             raise ValueError("model.target_features is 'cache' but the data module has no data.train_cache/val_cache")
         if not caches:
             return
-        from dspark_lightning.data.cache import load_cache_indexes
-
         for cache in caches:
             meta = load_cache_indexes(cache)[0].meta
             if meta["target_layer_ids"] != self.target.target_layer_ids:
@@ -327,7 +292,9 @@ class DSparkModule(L.LightningModule):
             budget=hp.anchor_budget,
         )
 
-    def shared_step(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None):
+    def shared_step(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None
+    ) -> StepOutput:
         context_features, final_hidden = self.target_features(batch)
         if anchors is None:
             anchors = self.training_anchors(batch, generator)
@@ -340,82 +307,26 @@ class DSparkModule(L.LightningModule):
             final_hidden,
             anchors=anchors,
         )
-        hp = self.hparams
-        B = hp.block_size
-        Nb = out.logits.shape[0] * out.logits.shape[1]
-        scheme = "dpace" if hp.position_weighting == "dpace" else "static"
-        weights = position_weights(
-            B,
-            scheme=hp.position_weighting,
-            gamma=hp.gamma,
-            sample_from_anchor=hp.sample_from_anchor,
-            device=self.device,
-        )
-        valid = out.slot_valid.view(Nb, B)
-        loss_out = compound_loss(
-            out.logits.reshape(Nb, B, -1),
-            out.teacher_logprobs.reshape(Nb, B, -1),
-            weights,
-            valid,
-            self.loss_spec,
-            hp.loss_chunk_size,
-            weight_scheme=scheme,
-            block_size=B,
-            lk_eta=hp.lk_eta,
-            nla_alpha_min=hp.nla_alpha_min,
-        )
-        total = loss_out.loss
-        losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
-        confidence = None
-        if out.confidence_logits is not None:
-            conf_logits = out.confidence_logits.reshape(Nb, B)
-            conf = confidence_loss(conf_logits, loss_out.alpha, loss_out.weights, valid)
-            total = total + hp.confidence_alpha * conf
-            losses["loss_confidence"] = conf.detach()
-            confidence = torch.sigmoid(conf_logits.detach().float())
-        if hp.candidate_loss_weight > 0:
-            from dspark_lightning.selector import candidate_loss
-
-            cand, recall = candidate_loss(
-                out.base_logits.flatten(0, 1),
-                self.drafter.markov_head,
-                out.prev_tokens.flatten(0, 1),
-                out.hidden.flatten(0, 1),
-                self._draft_ids(out.target_tokens.flatten(0, 1)),
-                hp.candidate_k,
-                valid,
-                rule=hp.candidate_rule,
-            )
-            total = total + hp.candidate_loss_weight * cand
-            losses["loss_candidate"] = cand.detach()
-            losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
-        losses["loss"] = total.detach()
-        first = self.drafter_config.first_trained_slot
-        view = lambda t: None if t is None else t[:, first:]  # noqa: E731
-        return total, losses, view(loss_out.alpha), view(loss_out.greedy_match), view(valid), view(confidence), out
-
-    def _draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
-        vocab = self.drafter.draft_vocab
-        return target_ids if vocab is None else vocab.to_draft(target_ids)
+        return step_output(out, self.hparams, self.loss_spec, self.drafter, self.drafter_config.first_trained_slot)
 
     def coverage_counts(self, batch, anchors) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.hparams
         return anchor_coverage_counts(anchors, batch["loss_mask"], hp.block_size, hp.sample_from_anchor)
 
     def training_step(self, batch, batch_idx):
-        total, losses, alpha, match, valid, _, out = self.shared_step(batch, self._generator())
+        step = self.shared_step(batch, self._generator())
         with torch.no_grad():
             stats = AcceptanceMetrics(self.metric_block_size).to(self.device)
-            stats.update(alpha, match, valid)
+            stats.update(step.alpha, step.greedy_match, step.valid)
             values = stats.compute()
-            covered, supervised = self.coverage_counts(batch, out.anchors)
+            covered, supervised = self.coverage_counts(batch, step.drafter_output.anchors)
         batch_size = batch["input_ids"].shape[0]
         self.log("train/anchor_coverage", covered.float() / supervised.clamp(min=1).float(), batch_size=batch_size)
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=False, batch_size=batch_size)
+        self.log_dict({f"train/{k}": v for k, v in step.losses.items()}, prog_bar=False, batch_size=batch_size)
         self.log("train/tau", values["tau"], prog_bar=True, batch_size=batch_size)
         self.log("train/accept_rate", values["accept_rate"], batch_size=batch_size)
-        self.log("train/supervised_slots", valid.sum().float(), reduce_fx="sum", batch_size=batch_size)
-        return total
+        self.log("train/supervised_slots", step.valid.sum().float(), reduce_fx="sum", batch_size=batch_size)
+        return step.loss
 
     def validation_step(self, batch, batch_idx):
         return self._evaluation_step(batch, batch_idx, "val")
@@ -439,15 +350,15 @@ class DSparkModule(L.LightningModule):
     def _evaluation_step(self, batch, batch_idx, stage: str):
         # deterministic, per-document anchors: identical blocks in every validation, for any packing or world size
         anchors = self.evaluation_anchors(batch)
-        total, losses, alpha, match, valid, confidence, out = self.shared_step(batch, anchors=anchors)
-        self.last_eval_output = out  # read by evaluation callbacks in on_validation_batch_end
-        self.val_acceptance.update(alpha, match, valid)
+        step = self.shared_step(batch, anchors=anchors)
+        self.last_eval_output = step.drafter_output  # read by evaluation callbacks in on_validation_batch_end
+        self.val_acceptance.update(step.alpha, step.greedy_match, step.valid)
         self.val_coverage.update(*self.coverage_counts(batch, anchors))
-        if confidence is not None:
-            self.val_calibration.update(confidence, alpha, valid)
+        if step.confidence is not None:
+            self.val_calibration.update(step.confidence, step.alpha, step.valid)
         batch_size = batch["input_ids"].shape[0]
-        self.log_dict({f"{stage}/{k}": v for k, v in losses.items()}, sync_dist=True, batch_size=batch_size)
-        return total
+        self.log_dict({f"{stage}/{k}": v for k, v in step.losses.items()}, sync_dist=True, batch_size=batch_size)
+        return step.loss
 
     def on_validation_epoch_end(self) -> None:
         values = {f"acceptance/{k}": v for k, v in self.val_acceptance.compute().items()}
@@ -474,26 +385,6 @@ class DSparkModule(L.LightningModule):
         # per rank (keys differ between ranks, so no sync); cumulative over the current pass
         self.log_dict(skipped, on_step=True, on_epoch=False, batch_size=1)
 
-    # ------------------------------------------------------------------ non-finite guard
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        if not bool(torch.isfinite(loss.detach()).all()):
-            raise NonFiniteError(
-                f"training loss is {loss.item()} at step {self.global_step}: the run diverged, training stopped before "
-                "this update and no checkpoint of it was written (lower model.optimizer.init_args.lr?)"
-            )
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            return  # fp16 loss scaling: inf gradients are expected and skipped by the scaler
-        named = [(name, p.grad) for name, p in self.drafter.named_parameters() if p.grad is not None]
-        if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
-            return
-        bad = [name for name, grad in named if not bool(torch.isfinite(grad).all())]
-        raise NonFiniteError(
-            f"non-finite gradient at step {self.global_step} in {len(bad)} drafter tensor(s) ({', '.join(bad[:6])}): "
-            "training stopped before the optimizer step; no checkpoint of it was written"
-        )
-
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         params = [p for p in self.drafter.parameters() if p.requires_grad]
@@ -511,34 +402,3 @@ class DSparkModule(L.LightningModule):
         super().train(mode)
         self.target.train(False)
         return self
-
-
-def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, float]:
-    """``acceptance/accept_rate_per_slot`` [B] -> ``val/accept_rate/slot_0`` ...; scalars -> ``val/tau`` ..."""
-    flat: dict[str, float] = {}
-    for key, value in values.items():
-        group, name = key.split("/", 1)
-        prefix = f"{stage}/" if group == "acceptance" else f"{stage}/confidence/"
-        if name.startswith("reliability_"):
-            continue  # curves are drawn by the calibration callback, not logged as scalars
-        if value.ndim == 0:
-            flat[prefix + name] = float(value)
-        elif name.endswith("_per_slot"):
-            base = name.removesuffix("_per_slot")
-            for slot, v in enumerate(value.tolist()):
-                if not math.isnan(v):
-                    flat[f"{prefix}{base}/slot_{slot}"] = v
-    return flat
-
-
-def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:
-    """Read ``d2t`` (absolute target ids) from a safetensors file written by ``dspark-lightning draft-vocab``."""
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(path)
-    except Exception as error:  # noqa: BLE001 - re-raised with the file name
-        raise ValueError(f"could not read draft vocabulary {path!r}: {error}") from error
-    if "d2t" not in tensors:
-        raise ValueError(f"draft vocabulary file {path!r} has no 'd2t' tensor (found {sorted(tensors)})")
-    return DraftVocab(tensors["d2t"], verifier_vocab_size)

@@ -12,6 +12,7 @@ ids that must always be draftable (end-of-turn and end-of-sequence tokens), ties
 from __future__ import annotations
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 
@@ -67,3 +68,14 @@ class DraftVocab(nn.Module):
         # stable ordering: by count descending, then id ascending
         order = sorted(range(V), key=lambda i: (-counts[i].item(), i))
         return cls(torch.tensor(order[:draft_vocab_size]), V)
+
+
+def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:
+    """Read ``d2t`` (absolute target ids) from a safetensors file written by ``dspark-lightning draft-vocab``."""
+    try:
+        tensors = load_file(path)
+    except Exception as error:  # noqa: BLE001 - re-raised with the file name
+        raise ValueError(f"could not read draft vocabulary {path!r}: {error}") from error
+    if "d2t" not in tensors:
+        raise ValueError(f"draft vocabulary file {path!r} has no 'd2t' tensor (found {sorted(tensors)})")
+    return DraftVocab(tensors["d2t"], verifier_vocab_size)

@@ -1,0 +1,58 @@
+"""The one way to rebuild a trained ``DSparkModule`` from a checkpoint written by ``fit`` (export, decode, calibrate).
+
+Checkpoints hold only the trainable drafter state (the frozen target is dropped on save), so the module is rebuilt
+from the recorded hyper-parameters, which re-loads the target, and the drafter state is loaded on top; every trainable
+tensor must be present and nothing unexpected may be left over.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from dspark_lightning.checks import check_finite_state, read_checkpoint
+from dspark_lightning.lightning.module import DSparkModule
+
+
+def load_checkpoint_module(
+    ckpt_path: str | os.PathLike,
+    target: str | None = None,
+    *,
+    checkpoint: dict | None = None,
+    where: str | None = None,
+    **hparam_overrides: Any,
+) -> DSparkModule:
+    """Rebuild the ``DSparkModule`` of a Lightning checkpoint, in eval mode, on the CPU.
+
+    ``target`` overrides the recorded target path and ``hparam_overrides`` any other recorded hyper-parameter (e.g.
+    ``target_features="online"`` to decode with a drafter trained from a feature cache). ``checkpoint`` is the
+    already-read checkpoint dict, if the caller has it; ``where`` names it in the non-finite error.
+    """
+    checkpoint = read_checkpoint(ckpt_path) if checkpoint is None else checkpoint
+    hparams = dict(checkpoint["hyper_parameters"])
+    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}  # LightningCLI bookkeeping
+    hparams["compile"] = False
+    if target is not None:
+        hparams["target"] = target
+    hparams.update(hparam_overrides)
+    state = checkpoint["state_dict"]
+    # never export, decode or calibrate a diverged drafter (checked before the target is loaded)
+    check_finite_state(state, where or f"checkpoint {ckpt_path}")
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_path = hparams.get("draft_vocab")
+        if vocab_path and not Path(vocab_path).is_file() and "drafter.draft_vocab.d2t" in state:
+            hparams["draft_vocab"] = str(Path(tmp) / "draft_vocab.safetensors")  # the file moved: use the ckpt's d2t
+            save_file({"d2t": state["drafter.draft_vocab.d2t"].contiguous()}, hparams["draft_vocab"])
+        module = DSparkModule(**hparams)
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    needed = set(module.state_dict()) - module.frozen_state_keys()
+    if unexpected or needed & set(missing):
+        raise KeyError(
+            f"checkpoint does not match its model: missing {sorted(needed & set(missing))[:8]}, "
+            f"unexpected {sorted(unexpected)[:8]}"
+        )
+    return module.eval()

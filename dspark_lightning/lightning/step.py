@@ -1,0 +1,150 @@
+"""What one training/evaluation step of ``DSparkModule`` returns, and the per-step metric helpers it logs with."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torchmetrics
+
+from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
+from dspark_lightning.models import DrafterOutput, DSparkDrafter
+from dspark_lightning.selector import candidate_loss
+
+
+@dataclass
+class StepOutput:
+    """What one ``shared_step`` computes. Per-slot tensors are [N_blocks, B'] over the trained slots only (slot 0 is
+    dropped in the DFlash convention, so B' = ``metric_block_size``)."""
+
+    loss: torch.Tensor  # the differentiable total loss
+    losses: dict[str, torch.Tensor]  # detached components for logging (``loss``, ``loss_tv``, ``loss_confidence`` ...)
+    alpha: torch.Tensor  # per-slot acceptance probability of the drafted token
+    greedy_match: torch.Tensor  # per-slot: the drafter's argmax equals the target's
+    valid: torch.Tensor  # per-slot supervision mask
+    confidence: torch.Tensor | None  # per-slot predicted acceptance (sigmoid), None without a confidence head
+    drafter_output: DrafterOutput  # the full drafter forward (anchors, logits, hidden ...)
+    first_slot: int = 0  # the first trained slot (1 in the DFlash convention)
+
+    def trained_slots(self, t: torch.Tensor) -> torch.Tensor:
+        """A drafter-output tensor [rows, blocks, B, ...] as [N_blocks, B', ...] over the trained slots."""
+        return t.flatten(0, 1)[:, self.first_slot :]
+
+
+class AnchorCoverage(torchmetrics.Metric):
+    """Supervised positions predicted by some block / all supervised positions (sum states: exact under DDP)."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("covered", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("supervised", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, covered: torch.Tensor, supervised: torch.Tensor) -> None:
+        self.covered += covered
+        self.supervised += supervised
+
+    def compute(self) -> torch.Tensor:
+        return self.covered.float() / self.supervised.clamp(min=1).float()
+
+
+def step_output(
+    out: DrafterOutput, hp: Mapping[str, Any] | Any, loss_spec: dict, drafter: DSparkDrafter, first: int
+) -> StepOutput:
+    """Losses and per-slot acceptance of one drafter forward ``out`` under the module's hyper-parameters ``hp``.
+
+    The compound loss (chunked, analytic gradient) + ``confidence_alpha`` x the confidence BCE on the detached
+    acceptance + ``candidate_loss_weight`` x the Selector candidate loss; per-slot outputs keep slots ``first``..B-1.
+    """
+    B = hp.block_size
+    Nb = out.logits.shape[0] * out.logits.shape[1]
+    scheme = "dpace" if hp.position_weighting == "dpace" else "static"
+    weights = position_weights(
+        B,
+        scheme=hp.position_weighting,
+        gamma=hp.gamma,
+        sample_from_anchor=hp.sample_from_anchor,
+        device=out.logits.device,
+    )
+    valid = out.slot_valid.view(Nb, B)
+    loss_out = compound_loss(
+        out.logits.reshape(Nb, B, -1),
+        out.teacher_logprobs.reshape(Nb, B, -1),
+        weights,
+        valid,
+        loss_spec,
+        hp.loss_chunk_size,
+        weight_scheme=scheme,
+        block_size=B,
+        lk_eta=hp.lk_eta,
+        nla_alpha_min=hp.nla_alpha_min,
+    )
+    total = loss_out.loss
+    losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
+    confidence = None
+    if out.confidence_logits is not None:
+        conf_logits = out.confidence_logits.reshape(Nb, B)
+        conf = confidence_loss(conf_logits, loss_out.alpha, loss_out.weights, valid)
+        total = total + hp.confidence_alpha * conf
+        losses["loss_confidence"] = conf.detach()
+        confidence = torch.sigmoid(conf_logits.detach().float())
+    if hp.candidate_loss_weight > 0:
+        vocab, target_ids = drafter.draft_vocab, out.target_tokens.flatten(0, 1)
+        cand, recall = candidate_loss(
+            out.base_logits.flatten(0, 1),
+            drafter.markov_head,
+            out.prev_tokens.flatten(0, 1),
+            out.hidden.flatten(0, 1),
+            target_ids if vocab is None else vocab.to_draft(target_ids),
+            hp.candidate_k,
+            valid,
+            rule=hp.candidate_rule,
+        )
+        total = total + hp.candidate_loss_weight * cand
+        losses["loss_candidate"] = cand.detach()
+        losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
+    losses["loss"] = total.detach()
+    view = lambda t: None if t is None else t[:, first:]  # noqa: E731
+    return StepOutput(
+        loss=total,
+        losses=losses,
+        alpha=view(loss_out.alpha),
+        greedy_match=view(loss_out.greedy_match),
+        valid=view(valid),
+        confidence=view(confidence),
+        drafter_output=out,
+        first_slot=first,
+    )
+
+
+def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, float]:
+    """``acceptance/accept_rate_per_slot`` [B] -> ``val/accept_rate/slot_0`` ...; scalars -> ``val/tau`` ..."""
+    flat: dict[str, float] = {}
+    for key, value in values.items():
+        group, name = key.split("/", 1)
+        prefix = f"{stage}/" if group == "acceptance" else f"{stage}/confidence/"
+        if name.startswith("reliability_"):
+            continue  # curves are drawn by the calibration callback, not logged as scalars
+        if value.ndim == 0:
+            flat[prefix + name] = float(value)
+        elif name.endswith("_per_slot"):
+            base = name.removesuffix("_per_slot")
+            for slot, v in enumerate(value.tolist()):
+                if not math.isnan(v):
+                    flat[f"{prefix}{base}/slot_{slot}"] = v
+    return flat
+
+
+@torch.no_grad()
+def evaluation_steps(module, dataloader, max_batches: int | None = None) -> Iterator[StepOutput]:
+    """``module.shared_step`` on each batch (moved to the module's device) at the deterministic evaluation anchors:
+    the same blocks the validation metrics use. The one loop behind every offline block collection."""
+    for index, batch in enumerate(dataloader):
+        if max_batches is not None and index >= max_batches:
+            return
+        batch = {k: v.to(module.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        yield module.shared_step(batch, anchors=module.evaluation_anchors(batch))

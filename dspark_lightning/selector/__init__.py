@@ -1,0 +1,51 @@
+"""The Selector view of the Markov head: top-k candidate sets, k x k pair scores, and a cheap walk.
+
+A DFlash-2 Selector is a gated Markov head executed on top-k candidate sets, and any trained vanilla or gated head can
+be executed the same way without retraining (docs/design.md §6). Conventions: candidates and returned tokens are draft
+indices; predecessors fed to the head are target ids (through ``d2t``, ``None`` = identity); ``head=None`` (pure
+DFlash) is allowed everywhere; the path-dependent rnn head has no pair scores (use ``sequential_decode``).
+
+Layout: ``topk`` (exact staged top-k), ``pairs`` (pair scores), ``walks`` (Selector walk, sequential reference),
+``diagnostics`` (``equivalence_report``, ``teacher_acceptance``), ``training`` (``candidate_loss``). Weight conversion
+to and from the CandidateSelector layout is ``dspark_lightning.selector_convert``, re-exported here.
+"""
+
+from dspark_lightning.selector.diagnostics import EquivalenceReport, equivalence_report, teacher_acceptance
+from dspark_lightning.selector.pairs import pair_scores, precompute_prev_gate_table
+from dspark_lightning.selector.topk import candidate_topk
+from dspark_lightning.selector.training import CandidateLossStats, candidate_loss
+from dspark_lightning.selector.walks import (
+    SelectorWalk,
+    SequentialWalk,
+    selector_decode,
+    selector_walk,
+    sequential_decode,
+    sequential_walk,
+    walk_pair_scores,
+)
+from dspark_lightning.selector_convert import (
+    candidate_selector_scores,
+    from_candidate_selector,
+    to_candidate_selector,
+)
+
+__all__ = [
+    "CandidateLossStats",
+    "EquivalenceReport",
+    "SelectorWalk",
+    "SequentialWalk",
+    "candidate_loss",
+    "candidate_selector_scores",
+    "candidate_topk",
+    "equivalence_report",
+    "from_candidate_selector",
+    "pair_scores",
+    "precompute_prev_gate_table",
+    "selector_decode",
+    "selector_walk",
+    "sequential_decode",
+    "sequential_walk",
+    "teacher_acceptance",
+    "to_candidate_selector",
+    "walk_pair_scores",
+]

@@ -1,0 +1,270 @@
+"""The speculators DSpark format: its constants and the conversion between our drafter configuration and its
+``config.json`` (``build_config`` writes one, ``drafter_configs`` reads one back), shared by export and load.
+
+The format (vllm-project/speculators, ``speculators.models.dspark`` / ``dflash`` / ``model.DraftVocabMixin``;
+vLLM ``transformers_utils/configs/speculators/algos.py`` and ``models/qwen3_dflash.py``) is a directory with
+
+``config.json``
+    ``speculators_model_type: "dspark"``, ``architectures: ["DSparkDraftModel"]``, ``transformer_layer_config`` (a
+    Qwen3 config of the *draft* layers: hidden size, heads, head_dim, intermediate size, ``num_hidden_layers`` = draft
+    layers, ``vocab_size`` = the verifier's vocabulary, rope), ``draft_vocab_size``, ``block_size``,
+    ``aux_hidden_state_layer_ids`` (indices into HF ``hidden_states``: 0 = embeddings, i = output of decoder layer
+    i-1; ours are decoder-layer ids, so aux = ours + 1 and vLLM's DFlash ``target_layer_ids`` = aux - 1),
+    ``mask_token_id``, ``sample_from_anchor``, ``markov_rank`` (0 = no head), ``markov_head_type`` (vanilla | gated |
+    rnn), ``enable_confidence_head``, ``confidence_head_with_markov``, ``target_hidden_size``, and
+    ``speculators_config = {algorithm: "dspark", proposal_methods: [{proposal_type: "greedy", speculative_tokens,
+    verifier_accept_k: 1, accept_tolerance: 0.0}], default_proposal_method: "greedy", verifier: {name_or_path,
+    architectures}}`` with ``speculative_tokens`` = block_size (sample_from_anchor) else block_size - 1.
+``model.safetensors`` (metadata ``{"format": "pt"}``)
+    ``fc.weight`` [H, n*H], ``hidden_norm.weight``, ``norm.weight``, ``layers.{i}.{input_layernorm,
+    post_attention_layernorm}.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.
+    {q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``, ``markov_head.markov_w1.weight`` [V, r],
+    ``markov_head.markov_w2.weight`` [Vd, r], ``markov_head.gate_proj.{weight,bias}`` [r, H+r] (input [h ; W1[a]]),
+    ``markov_head.joint_proj.{weight,bias}`` [3r, 2r+H] (input [s ; W1[a] ; h], output gate|cand|out),
+    ``confidence_head.proj.{weight,bias}`` [1, H(+r)]. Weights re-loaded from the verifier are *not* stored:
+    ``embed_tokens``, ``verifier_lm_head``, ``verifier_norm``, and ``lm_head`` when Vd = V. With a reduced draft
+    vocabulary the file also holds ``lm_head.weight`` [Vd, H] and the EAGLE-3 style maps ``d2t`` (int64 [Vd],
+    *offsets*: target id = draft index + d2t[index], ascending target ids) and ``t2d`` (bool [V]).
+
+Decisions where the public format is silent or cannot express what we train:
+- Gated heads other than the DSpark form (``gate_input: hidden`` and/or ``gate_activation: identity``) are written
+  with the same tensor names plus two extra config fields ``markov_gate_input`` / ``markov_gate_activation``
+  (speculators' config allows extra fields). ``speculators`` itself only builds the ``hidden+prev``/``sigmoid`` gate,
+  so it refuses such a file on the gate's shape instead of loading a wrong head; vLLM serves vanilla heads only.
+- ``candidate_selector=True`` (DFlash-2 form heads only) writes the CandidateSelector layout *instead of*
+  ``markov_head.*``: ``candidate_selector.predecessor_codebook`` [V, r] (A = W1), ``candidate_selector.
+  successor_codebook`` [V, r] (B, indexed by target id as in speculators' DFlash2; zero rows outside a draft vocab)
+  and ``candidate_selector.hidden_projection.weight`` [r, H] (H = Wg), with ``dflash2_candidate_selector: true``,
+  ``selector_rank``, ``selector_top_k`` and ``markov_rank: 0`` in the config, so a DSpark loader that does not know
+  the selector runs the backbone alone rather than an uninitialised Markov head.
+- ``confidence_temperature`` (per-slot calibration) goes to the config as a list when it is not all ones.
+- Tensors are written in bf16 or fp32; ``d2t``/``t2d`` keep int64/bool. Only safetensors, never pickles.
+- Checkpoints are read with ``torch.load(weights_only=True)`` (the module stores the Markov head as a class_path
+  dict; for older checkpoints that pickled the config object, only our own config classes are allow-listed).
+- ``load_exported`` builds our ``DSparkDrafter`` from any directory in this format: offsets d2t are turned into
+  absolute ids; a d2t that is not ascending is sorted and the Vd-row tensors permuted with it (our draft vocab is
+  kept sorted); ``aux_hidden_state_scales`` (a per-layer fc input scale some trainers add) is folded into ``fc``;
+  a reduced-vocab ``lm_head`` equal to the target's rows becomes the frozen target rows, otherwise a trained
+  ``draft_lm_head``. Sliding-window layers (``layer_types``, ``sliding_window``) are exported with
+  ``sliding_window_non_causal`` true (our blocks are bidirectional). Unsupported features (attention bias, rope
+  scaling, sliding windows with causal blocks, aux layer 0) raise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dspark_lightning.dtypes import torch_dtype
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, MarkovHeadConfig
+from dspark_lightning.models.backbone import BackboneConfig
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+EXPORT_DTYPES = ("bfloat16", "float32")  # the dtypes the speculators format is read in
+SELECTOR_PREFIX = "candidate_selector."
+DFLASH2_FORM = ("gated", "hidden", "identity")  # (head_type, gate_input, gate_activation) of the CandidateSelector
+SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators release whose save_pretrained output this mirrors
+DRAFT_ROW_TENSORS = {"lm_head", "markov_head.markov_w2", SELECTOR_PREFIX + "successor_codebook"}  # [Vd, ...]
+# tensors of the format that belong to the verifier and are ignored when present
+VERIFIER_KEYS = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    return torch_dtype(dtype, EXPORT_DTYPES, what="export dtype")
+
+
+def _format_key(name: str) -> str | None:
+    """Our drafter state-dict key -> the format's key (None: not part of the file)."""
+    if name.startswith("backbone."):
+        return name.removeprefix("backbone.")
+    if name.startswith(("markov_head.", "confidence_head.")):
+        return name
+    if name == "draft_lm_head.weight":
+        return "lm_head.weight"
+    return None  # the target's embed_tokens / lm_head, draft_vocab buffers, confidence_temperature
+
+
+def _gate_form(head) -> tuple[str, str, str] | None:
+    return None if head is None else (head.head_type, head.gate_input, head.gate_activation)
+
+
+def _target_config_dict(target_config, verifier_name_or_path: str) -> dict:
+    """The verifier's config as a dict (given, or read from a local ``config.json``; {} when unavailable)."""
+    if target_config is None:
+        path = Path(verifier_name_or_path) / CONFIG_NAME
+        target_config = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(target_config, dict):
+        target_config = target_config.to_dict()
+    return target_config.get("text_config") or target_config
+
+
+def build_config(
+    drafter: DSparkDrafter,
+    *,
+    verifier_name_or_path: str,
+    dtype: str | torch.dtype = "bfloat16",
+    candidate_selector: bool = False,
+    selector_top_k: int = 16,
+    target_config=None,
+    target_layer_ids: list[int] | None = None,
+) -> dict:
+    """The ``config.json`` of the export (see the module docstring for every field)."""
+    cfg, bc = drafter.config, drafter.backbone.config
+    layer_ids = list(cfg.target_layer_ids or target_layer_ids or [])
+    if len(layer_ids) != bc.num_context_layers:
+        raise ValueError(
+            f"the drafter reads {bc.num_context_layers} target layers but its config names {layer_ids or 'none'}: "
+            "pass target_layer_ids= (the FrozenTarget's target_layer_ids)"
+        )
+    target = _target_config_dict(target_config, verifier_name_or_path)
+    head = drafter.markov_head
+    sliding = "sliding_attention" in bc.layer_types
+    # fmt: off
+    layer_config = {
+        "model_type": "qwen3", "hidden_size": bc.hidden_size, "intermediate_size": bc.intermediate_size,
+        "num_hidden_layers": bc.num_layers, "num_attention_heads": bc.num_heads,
+        "num_key_value_heads": bc.num_kv_heads, "head_dim": bc.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": bc.rms_norm_eps, "vocab_size": drafter.verifier_vocab_size,
+        "max_position_embeddings": target.get("max_position_embeddings", 32768),
+        "rope_theta": bc.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": bc.rope_theta},
+        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": sliding,
+        "sliding_window": bc.sliding_window if sliding else None, "layer_types": list(bc.layer_types),
+        "tie_word_embeddings": False,
+    }
+    # fmt: on
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if target.get(key) is not None:
+            layer_config[key] = target[key]
+    dtype_name = str(_dtype(dtype)).removeprefix("torch.")
+    block = cfg.block_size
+    proposal = {"proposal_type": "greedy", "speculative_tokens": block if cfg.sample_from_anchor else block - 1}
+    verifier = {"name_or_path": str(verifier_name_or_path), "architectures": target.get("architectures", [])}
+    # fmt: off
+    config = {
+        "architectures": ["DSparkDraftModel"], "speculators_model_type": "dspark",
+        "transformer_layer_config": layer_config, "draft_vocab_size": drafter.draft_vocab_size,
+        "block_size": block, "max_anchors": cfg.max_anchors,
+        "target_hidden_size": None,  # None = the draft's hidden size (ours always equals the target's)
+        "aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "mask_token_id": cfg.mask_token_id,
+        "sample_from_anchor": cfg.sample_from_anchor,
+        # our blocks attend bidirectionally; speculators makes sliding-window blocks causal unless this is set
+        "sliding_window_non_causal": sliding,
+        "markov_rank": head.rank if head is not None and not candidate_selector else 0,
+        "markov_head_type": head.head_type if head is not None else "vanilla",
+        "enable_confidence_head": drafter.confidence_head is not None,
+        "confidence_head_with_markov": drafter.confidence_head is not None and cfg.confidence_with_markov,
+        "speculators_config": {
+            "algorithm": "dspark", "default_proposal_method": "greedy", "verifier": verifier,
+            "proposal_methods": [proposal | {"verifier_accept_k": 1, "accept_tolerance": 0.0}],
+        },
+        "speculators_version": SPECULATORS_FORMAT_VERSION, "tie_word_embeddings": False,
+        "torch_dtype": dtype_name, "dtype": dtype_name,
+    }
+    # fmt: on
+    if head is not None and head.head_type == "gated" and _gate_form(head) != ("gated", "hidden+prev", "sigmoid"):
+        config |= {"markov_gate_input": head.gate_input, "markov_gate_activation": head.gate_activation}
+    if candidate_selector:
+        k = min(int(selector_top_k), drafter.draft_vocab_size)
+        config |= {"dflash2_candidate_selector": True, "selector_rank": head.rank, "selector_top_k": k}
+    temperature = drafter.confidence_temperature
+    if drafter.confidence_head is not None and not bool((temperature == 1).all()):
+        config["confidence_temperature"] = [float(t) for t in temperature]
+    return config
+
+
+def _layer_types(layer: dict) -> list[str] | None:
+    """Per-layer attention types of a transformer layer config: ``layer_types``, else from ``use_sliding_window``."""
+    if layer.get("layer_types"):
+        return list(layer["layer_types"])
+    if layer.get("use_sliding_window"):
+        return ["sliding_attention"] * int(layer["num_hidden_layers"])
+    return None
+
+
+def _check_supported(config: dict, layer: dict) -> None:
+    rope = layer.get("rope_parameters") or {}
+    scaling = layer.get("rope_scaling") or {}
+    problems = []
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or scaling.get("rope_type", scaling.get("type")):
+        problems.append(f"rope scaling ({rope or scaling})")
+    if layer.get("attention_bias"):
+        problems.append("attention bias")
+    if _layer_types(layer) is not None and "sliding_attention" in _layer_types(layer):
+        if not config.get("sliding_window_non_causal"):
+            problems.append("sliding-window layers with causal blocks (sliding_window_non_causal false)")
+        if not layer.get("sliding_window"):
+            problems.append("sliding_attention layers without a sliding_window")
+    if layer.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {layer['hidden_act']!r}")
+    if config.get("target_hidden_size") not in (None, layer["hidden_size"]):
+        problems.append("a target hidden size different from the draft's")
+    if problems:
+        raise NotImplementedError(f"this drafter uses features DSparkDrafter does not implement: {', '.join(problems)}")
+
+
+def markov_head_config(config: dict) -> MarkovHeadConfig | None:
+    """The Markov head a ``config.json`` describes (None for ``markov_rank`` 0; a DFlash export has none by default).
+
+    A CandidateSelector layout is read from its tensors instead (``speculators_load``)."""
+    dspark = config.get("speculators_model_type") == "dspark"
+    rank = int(config.get("markov_rank", 256 if dspark else 0) or 0)
+    if rank <= 0:
+        return None
+    return MarkovHeadConfig(
+        rank,
+        config.get("markov_head_type", "vanilla"),
+        config.get("markov_gate_input", "hidden+prev"),
+        config.get("markov_gate_activation", "sigmoid"),
+    )
+
+
+def drafter_configs(
+    config: dict, layer_ids: list[int], markov: MarkovHeadConfig | None, train_lm_head: bool
+) -> tuple[BackboneConfig, DrafterConfig]:
+    """The inverse of ``build_config``: our (BackboneConfig, DrafterConfig) for an export's ``config.json``.
+
+    ``markov`` and ``train_lm_head`` come from the tensors (a CandidateSelector layout, a stored draft LM head), so
+    the caller decides them; a DFlash export (``speculators_model_type: dflash``) defaults to no Markov or confidence
+    head and the DFlash slot convention.
+    """
+    dspark = config.get("speculators_model_type") == "dspark"
+    layer = config["transformer_layer_config"]
+    confidence = bool(config.get("enable_confidence_head", dspark))
+    with_markov = confidence and bool(config.get("confidence_head_with_markov", dspark))
+    H, heads = int(layer["hidden_size"]), int(layer["num_attention_heads"])
+    rope = layer.get("rope_parameters") or {}
+    backbone = BackboneConfig(
+        hidden_size=H,
+        num_layers=int(layer["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or H // heads),
+        intermediate_size=int(layer["intermediate_size"]),
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10_000.0),
+        num_context_layers=len(layer_ids),
+        sliding_window=int(layer["sliding_window"]) if "sliding_attention" in (_layer_types(layer) or []) else None,
+        layer_types=_layer_types(layer),
+    )
+    drafter_config = DrafterConfig(
+        block_size=int(config.get("block_size", 8)),
+        num_layers=backbone.num_layers,
+        max_anchors=int(config.get("max_anchors") or config.get("num_anchors") or 64),
+        sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
+        mask_token_id=config.get("mask_token_id"),
+        target_layer_ids=layer_ids,
+        markov_head=markov,
+        confidence_head=confidence,
+        confidence_with_markov=with_markov,
+        train_lm_head=train_lm_head,
+        num_heads=backbone.num_heads,
+        num_kv_heads=backbone.num_kv_heads,
+        head_dim=backbone.head_dim,
+        intermediate_size=backbone.intermediate_size,
+        sliding_window=backbone.sliding_window,
+        layer_types=backbone.layer_types,
+    )
+    return backbone, drafter_config
