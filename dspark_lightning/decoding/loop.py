@@ -155,8 +155,8 @@ def speculative_generate(
 
     body = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings()
-    base_cache_kwarg = "cache" if body is not None and "cache" in inspect.signature(body.forward).parameters else None
-    base_cache_kwarg = base_cache_kwarg or "past_key_values"
+    body_forward = body.forward if body is not None else model.forward
+    base_cache_kwarg = "cache" if "cache" in inspect.signature(body_forward).parameters else "past_key_values"
     own_head = False  # set by the prefill: True when logits == head(final hidden state), checked on the real output
 
     def prefill(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +176,7 @@ def speculative_generate(
                 hook.remove()
         logits = out.logits[0, -1].float()
         # A model that post-processes its logits (soft-capping, a logit scale) keeps the full-logits verify path.
-        own_head = bool(final) and head is not None and torch.allclose(head(final[0][0, -1]).float(), logits)
+        own_head = bool(final) and head is not None and torch.allclose(head(final[0][:, -1:])[0, -1].float(), logits)
         return logits, torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
     def target_forward(tokens: torch.Tensor, start: int):
