@@ -188,19 +188,22 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
         "## Speedup over the target's greedy `generate`",
         "",
         "Baseline and speculative run alternated prompt by prompt in one process; speedup = total baseline time / "
-        "total speculative time (median of per-prompt ratios in brackets). Phase columns: mean ms per step.",
+        "total speculative time (median of per-prompt ratios in brackets). Phase columns: mean ms per step; "
+        "break-even tau = step ms / `generate` ms per token (the tau at which the two run equally fast).",
         "",
         "| mode | drafter cache | tau | generate tok/s | speculative tok/s | speedup | backbone ms | head ms "
-        "| verify ms | bookkeeping ms | outputs = generate |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| verify ms | bookkeeping ms | step ms | break-even tau | outputs = generate |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report["speedup"]:
         p = r["phase_ms_per_step"]
+        step = sum(p[k] for k in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
         lines.append(
             f"| {r['mode']} | {'yes' if r['drafter_cache'] else 'no'} | {r['tau']:.2f} "
             f"| {r['baseline_tokens_per_second']:.0f} | {r['speculative_tokens_per_second']:.0f} "
             f"| **{r['speedup']:.2f}×** ({r['median_prompt_speedup']:.2f}×) | {p['draft_backbone']:.2f} "
-            f"| {p['draft_head']:.2f} | {p['verify']:.2f} | {p['bookkeeping']:.2f} "
+            f"| {p['draft_head']:.2f} | {p['verify']:.2f} | {p['bookkeeping']:.2f} | {step:.1f} "
+            f"| {step * r['baseline_tokens_per_second'] / 1e3:.2f} "
             f"| {'yes' if r['outputs_equal'] else '**NO** ' + str(r['mismatches'])} |"
         )
     lines += [
@@ -208,7 +211,8 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
         "## Verify length from the measured costs",
         "",
         f"T(n) = {report['verify_cost_ms'][0]:.2f} + {report['verify_cost_ms'][1]:.3f}·n ms (`measure_verify_cost` on "
-        "the target); predicted tokens/s(n) = (1 + Σ_{j≤n} prefix survival_j) / (drafter + bookkeeping ms per step + "
+        "the target: the decoder over n+1 tokens and the LM head on the first row, as the loop verifies; each accepted "
+        "draft adds one head row, not counted here); predicted tokens/s(n) = (1 + Σ_{j≤n} prefix survival_j) / (drafter + bookkeeping ms per step + "
         "T(n)), from the cached runs above (whole blocks verified).",
         "",
         "| mode | drafter + bookkeeping ms/step | best n | tokens/step at best n | predicted tokens/s, n = 1…B |",

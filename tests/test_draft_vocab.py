@@ -1,5 +1,6 @@
 """Draft vocabulary: frequency selection, counting only supervised tokens, the file format, and a full run
-(build the vocabulary -> train a DSparkModule with it for two steps -> export -> load back with the same logits)."""
+(build the vocabulary -> train a DSparkModule with it for two steps -> export -> load back with the same logits),
+and the drafter's gathered head rows (reused while decoding, following the target head, autograd intact)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_tiny_qwen3
 from safetensors import safe_open
 from test_export import make_target_dir, train_and_checkpoint
 from transformers import AutoTokenizer
@@ -17,7 +19,7 @@ from dspark_lightning.data.tokenize import ConversationEncoder
 from dspark_lightning.draft_vocab import count_tokens, main, select_draft_vocab, special_token_ids
 from dspark_lightning.export import export_checkpoint, load_exported
 from dspark_lightning.lightning.module import load_draft_vocab
-from dspark_lightning.models import VanillaMarkov
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
 
 DEMO = str(Path(__file__).resolve().parent.parent / "assets" / "demo-target")
 
@@ -126,3 +128,23 @@ def test_a_draft_vocab_run_trains_and_exports(tmp_path):
         assert torch.equal(drafter.output_logits(h), loaded.output_logits(h))
         assert torch.equal(drafter.markov_head.block_bias(prev, h), loaded.markov_head.block_bias(prev, h))
         assert torch.equal(drafter.confidence_logits(h, prev), loaded.confidence_logits(h, prev))
+
+
+def test_draft_head_rows_follow_the_target_head_and_keep_autograd():
+    model = make_tiny_qwen3(vocab_size=32, seed=0)
+    vocab = select_draft_vocab(torch.arange(32).flip(0) % 7, 8)
+    drafter = DSparkDrafter.for_target(DrafterConfig(block_size=4, mask_token_id=31), FrozenTarget(model), vocab)
+    hidden = torch.randn(2, 3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+
+    def reference():
+        return hidden.double() @ model.lm_head.weight.double()[vocab.d2t].T
+
+    with torch.inference_mode():  # decoding: the gathered rows are reused ...
+        assert torch.allclose(drafter.output_logits(hidden).double(), reference(), atol=1e-5)
+        assert drafter._draft_head_rows() is drafter._draft_head_rows()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-2.0)  # ... until the target head changes in place (load_state_dict does)
+        assert torch.allclose(drafter.output_logits(hidden).double(), reference(), atol=1e-5)
+    hidden.requires_grad_(True)  # training after an inference-mode gather: a fresh one autograd can save
+    drafter.output_logits(hidden).square().sum().backward()
+    assert torch.allclose(hidden.grad.double(), (2 * reference() @ model.lm_head.weight.double()[vocab.d2t]), atol=1e-4)

@@ -15,8 +15,10 @@ def measure_verify_cost(
 ) -> tuple[float, float]:
     """Fit T(n) = t0 + t1 * n, the wall time of one verifying target forward over n+1 new tokens on a cached prefix.
 
-    Times the real target (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by
-    least squares; the result is the ``cost_model`` argument of ``speculative_generate``.
+    Timed as ``speculative_generate`` runs it: the decoder over the n+1 tokens and the LM head on the first row only
+    (each accepted draft adds one head row: a cost per accepted token, not per verified slot). Times the real target
+    (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by least squares; the
+    result is the ``cost_model`` argument of ``speculative_generate``.
     """
     from transformers import DynamicCache
 
@@ -24,18 +26,23 @@ def measure_verify_cost(
     vocab = model.get_input_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, prompt_length), generator=generator).to(device)
-    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings()
+    verify = body if body is not None and head is not None else model
+    cache_kwarg = "cache" if "cache" in inspect.signature(verify.forward).parameters else "past_key_values"
     lengths, seconds = [], []
     for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
         block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
         times = []
         for _ in range(repeats):
             cache = DynamicCache()
-            model(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
+            verify(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
             if torch.cuda.is_available() and torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            model(input_ids=block, use_cache=True, **{cache_kwarg: cache})
+            out = verify(input_ids=block, use_cache=True, **{cache_kwarg: cache})
+            if verify is body:
+                head(out.last_hidden_state[:, :1])
             if torch.cuda.is_available() and torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)

@@ -12,6 +12,8 @@ One step (batch 1):
      to the target's argmax. Sampling: accept d_i with probability min(1, p(d_i) / q(d_i)), else resample from
      (p - q)_+ normalised and stop (standard speculative rejection sampling: the output distribution is exactly the
      target's). The target's own next token is always emitted, so every target forward yields >= 1 token.
+     The LM head runs on the rows verification reads only (up to the first rejection): the decoder runs once over
+     the block, the vocabulary-sized head row by row, and the prompt forward keeps its last row only.
   5. The KV cache is cropped to the accepted prefix; the target's hidden states of the anchor and the accepted
      tokens extend the drafter's context cache (``DraftContextCache``: fused features and every draft layer's
      context keys/values, projected once per token), so a draft step does not re-project the prefix.
@@ -151,13 +153,47 @@ def speculative_generate(
         sync()
         return time.perf_counter()
 
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings()
+    body_forward = body.forward if body is not None else model.forward
+    base_cache_kwarg = "cache" if "cache" in inspect.signature(body_forward).parameters else "past_key_values"
+    own_head = False  # set by the prefill: True when logits == head(final hidden state), checked on the real output
+
+    def prefill(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt forward: the last row's logits only (as ``generate`` computes them) and every row's features."""
+        nonlocal own_head
+        positions = torch.arange(tokens.shape[1], device=device)[None]
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        final = []
+        hook = body.register_forward_hook(lambda _m, _a, out: final.append(out[0])) if body is not None else None
+        try:
+            out = model(
+                input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True,
+                **keep, **{cache_kwarg: cache},
+            )  # fmt: skip
+        finally:
+            if hook is not None:
+                hook.remove()
+        logits = out.logits[0, -1].float()
+        # A model that post-processes its logits (soft-capping, a logit scale) keeps the full-logits verify path.
+        own_head = bool(final) and head is not None and torch.allclose(head(final[0][:, -1:])[0, -1].float(), logits)
+        return logits, torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
     def target_forward(tokens: torch.Tensor, start: int):
+        """Verify forward over [x, d_1..d_n] -> (logits rows, features [1, n+1, F]).
+
+        The LM head is applied row by row on demand (``_RowLogits``): verification reads rows in order and stops
+        at the first rejection, and on a CPU one vocabulary-sized head row costs as much as several decoder layers.
+        """
         positions = torch.arange(start, start + tokens.shape[1], device=device)[None]
-        out = model(
-            input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True, **{cache_kwarg: cache}
-        )
-        features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-        return out.logits[0].float(), features
+        kwargs = dict(input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True)
+        if own_head:
+            out = body(**kwargs, **{base_cache_kwarg: cache})
+            logits = _RowLogits(head, out.last_hidden_state[0])
+        else:
+            out = model(**kwargs, **{cache_kwarg: cache})
+            logits = out.logits[0].float()
+        return logits, torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
     def choose(logits_row: torch.Tensor) -> int:
         if temperature == 0:
@@ -165,12 +201,12 @@ def speculative_generate(
         return int(torch.multinomial(torch.softmax(logits_row / temperature, -1), 1, generator=generator))
 
     start = clock()
-    logits, context = target_forward(input_ids, 0)
+    logits, context = prefill(input_ids)
     context_cache = None
     if drafter_cache:
         context_cache = drafter.new_context_cache(device=device, capacity=input_ids.shape[1] + 2 * drafter.block_size)
         context_cache.extend(context)
-    generated: list[int] = [choose(logits[-1])]
+    generated: list[int] = [choose(logits)]
     processed = input_ids.shape[1]  # tokens in the KV cache and in the drafter's context
     stats.prefill_seconds = clock() - start
 
@@ -231,28 +267,45 @@ def _truncate(tokens: list[int], max_new_tokens: int, eos: set[int]) -> list[int
     return tokens[:max_new_tokens]
 
 
+class _RowLogits:
+    """The target logits of one verify forward, row i = ``head(hidden[i])`` computed when read."""
+
+    def __init__(self, head, hidden: torch.Tensor) -> None:
+        self.head, self.hidden = head, hidden
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.head(self.hidden[i : i + 1])[0].float()
+
+
 def _verify(drafted, q, logits, drafter, temperature, generator) -> tuple[int, int]:
-    """Accept a prefix of ``drafted`` given the target logits [n+1, V] of [x, d_1..d_n]; return (#accepted, next)."""
+    """Accept a prefix of ``drafted`` given the target logits [n+1, V] of [x, d_1..d_n]; return (#accepted, next).
+
+    ``logits`` is a tensor or anything whose ``[i]`` is row i: rows are read in order, each once, and only up to
+    the first rejection.
+    """
     n = drafted.shape[0]
+    drafts = drafted.tolist()
     if temperature == 0:
-        target_tokens = logits.argmax(-1)
-        matches = (target_tokens[:n] == drafted).int()
-        accepted = int(torch.cumprod(matches, 0).sum())
-        return accepted, int(target_tokens[accepted])
-    p = torch.softmax(logits / temperature, dim=-1)
-    q_target = torch.zeros_like(p[:n])
+        for i in range(n):
+            token = int(logits[i].argmax())
+            if token != drafts[i]:
+                return i, token
+        return n, int(logits[n].argmax())
     d2t = drafter.d2t
-    if d2t is None:
-        q_target[:, : q.shape[-1]] = q
-    else:
-        q_target[:, d2t] = q
     for i in range(n):
-        token = int(drafted[i])
-        ratio = p[i, token] / q_target[i, token].clamp_min(1e-30)
+        p = torch.softmax(logits[i] / temperature, dim=-1)
+        q_target = torch.zeros_like(p)
+        if d2t is None:
+            q_target[: q.shape[-1]] = q[i]
+        else:
+            q_target[d2t] = q[i]
+        token = drafts[i]
+        ratio = p[token] / q_target[token].clamp_min(1e-30)
         if torch.rand((), generator=generator) < ratio:
             continue
-        residual = (p[i] - q_target[i]).clamp_min(0)
+        residual = (p - q_target).clamp_min(0)
         if residual.sum() <= 0:  # p == q: any rejection is measure-zero; fall back to p
-            residual = p[i]
+            residual = p
         return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    return n, int(torch.multinomial(p[n], 1, generator=generator))
+    p = torch.softmax(logits[n] / temperature, dim=-1)
+    return n, int(torch.multinomial(p, 1, generator=generator))

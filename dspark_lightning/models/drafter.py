@@ -197,8 +197,19 @@ class DSparkDrafter(nn.Module):
         if self.draft_lm_head is not None:
             return self.draft_lm_head(hidden)
         if self.draft_vocab is not None:
-            return F.linear(hidden, self.lm_head.weight[self.draft_vocab.d2t])
+            return F.linear(hidden, self._draft_head_rows())
         return self.lm_head(hidden)
+
+    def _draft_head_rows(self) -> torch.Tensor:
+        """The target LM head's rows ``d2t``; without autograd (decoding) gathered once per weight version, since
+        the gather copies Vd x H weights and costs a decoding step about as much as the head's matmul itself."""
+        weight, d2t = self.lm_head.weight, self.draft_vocab.d2t
+        if torch.is_grad_enabled():  # training: a fresh gather (a cached one may be an inference-mode tensor)
+            return weight[d2t]
+        key = (weight.data_ptr(), weight._version, d2t.data_ptr(), d2t._version, weight.device, weight.dtype)
+        if getattr(self, "_head_rows_key", None) != key:
+            self._head_rows, self._head_rows_key = weight[d2t], key
+        return self._head_rows
 
     def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
         if self.confidence_head is None:
