@@ -28,7 +28,6 @@ import torch
 from dspark_lightning.analysis import REPO_ROOT, quieted
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import measure_speedup
-from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")
@@ -53,6 +52,8 @@ def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str]):
 
 
 def evaluate_head(cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int) -> dict:
+    from dspark_lightning.lightning.module import DSparkModule
+
     online = DSparkModule.load_from_checkpoint(
         cli.trainer.checkpoint_callback.last_model_path, target_features="online", weights_only=True
     ).eval()
