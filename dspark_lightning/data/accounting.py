@@ -1,4 +1,10 @@
-"""Data accounting: per-worker counters in shared memory and the DataLoader that reports after each pass."""
+"""Data accounting: per-worker counters in shared memory and the DataLoader that reports after each pass.
+
+Counts (bad records by reason, plus records / documents / truncations / rows / tokens) live in a small int64 table in
+shared memory with one row per DataLoader worker; each worker zeroes and writes only its own row at the start of its
+pass, and the main process sums the rows. This is exact (no lost updates, no extra keys in the batch) and works with
+fork and spawn.
+"""
 
 from __future__ import annotations
 

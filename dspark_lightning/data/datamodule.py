@@ -11,10 +11,8 @@ Design choices:
   with ``limit_train_batches`` / ``max_steps`` so every rank runs the same number of steps.
 - The epoch passed to ``set_epoch`` is the trainer's ``current_epoch`` when a trainer is attached, otherwise the number
   of times that training loader has been iterated.
-- Counting with workers: counts (bad records by reason, plus records / documents / truncations / rows / tokens) live
-  in a small int64 table in shared memory with one row per DataLoader worker; each worker zeroes and writes only its
-  own row at the start of its pass, and the main process sums the rows. This is exact (no lost updates, no extra keys
-  in the batch) and works with fork and spawn. ``bad_record_counts(split)`` / ``data_stats(split)`` report the last
+- Counting with workers (``accounting.py``): exact per-worker counts of bad records by reason, records, documents,
+  truncations, rows and tokens. ``bad_record_counts(split)`` / ``data_stats(split)`` report the last
   (or current) pass of this rank; when the loader is exhausted the totals are logged with python ``logging``
   (a warning the first time a split skipped anything, then info) and ``teardown`` logs a summary at the end of every
   ``fit``/``validate``/``test``, also when no pass completed. A pass that yields no row at all is an error listing

@@ -85,6 +85,8 @@ ROLE_ALIASES = {
     "bing": "assistant",
     "bard": "assistant",
 }
+
+
 class BadRecordError(ValueError):
     """Raised under ``on_bad_record="raise"``: a record is unusable; says where and why (or just a message)."""
 
