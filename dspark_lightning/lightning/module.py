@@ -365,6 +365,11 @@ class DSparkModule(L.LightningModule):
             nla_alpha_min=hp.nla_alpha_min,
         )
         total = loss_out.loss
+        # greedy verification accepts the target's own argmax: compare in target ids over the whole vocabulary (with
+        # a draft vocabulary, the argmax of the draft-vocab teacher is merely the best draft token)
+        greedy_match = (self._target_ids(loss_out.draft_argmax) == out.teacher_argmax.reshape(Nb, B)).view(
+            loss_out.greedy_match.shape
+        )
         losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
         confidence = None
         if out.confidence_logits is not None:
@@ -392,7 +397,11 @@ class DSparkModule(L.LightningModule):
         losses["loss"] = total.detach()
         first = self.drafter_config.first_trained_slot
         view = lambda t: None if t is None else t[:, first:]  # noqa: E731
-        return total, losses, view(loss_out.alpha), view(loss_out.greedy_match), view(valid), view(confidence), out
+        return total, losses, view(loss_out.alpha), view(greedy_match), view(valid), view(confidence), out
+
+    def _target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        vocab = self.drafter.draft_vocab
+        return draft_ids if vocab is None else vocab.to_target(draft_ids)
 
     def _draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
         vocab = self.drafter.draft_vocab
