@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
 from dspark_lightning.decoding.identity import check_identity, greedy_continuation, record_decode, teacher_forced_blocks
 from dspark_lightning.models import (
     DrafterConfig,
@@ -126,6 +127,22 @@ def test_identity_fails_when_the_replay_drifts(demo):
     )
     # the text's previous tokens are the target's: they help exactly where the drafter's own choice was rejected
     assert teacher.drafted.tolist() != record.drafted and teacher.tau >= exact.tau
+
+
+def test_gap_steps_end_at_measured_tau(demo):
+    """(d) is the measured tau; with the target's own reply as the "validation text", (a) is (b)."""
+    target, prompt, text = demo
+    drafter = make_drafter(target, "vanilla", True, False, text)
+    n = 16
+    reference = greedy_continuation(target, prompt, n + drafter.block_size + 1)
+    mask = [False] * len(prompt) + [True] * (len(reference) - len(prompt))
+    result = gap_decomposition(target, drafter, [prompt], [(reference, mask)], n, eos_token_id=[])
+    tau, blocks = result["tau"], result["blocks"]
+    assert tau["d"] == tau["measured"] and blocks["d"] == blocks["measured"]
+    assert tau["a"] == tau["b"] and blocks["a"] == blocks["b"] == n // drafter.block_size
+    assert 1.0 < tau["measured"]
+    table = gap_markdown(result)
+    assert table.count("\n| (") == 4 and f"{tau['measured']:.3f} | +0.000 |" in table
 
 
 def test_identity_on_smollm2(smollm2_target, monkeypatch):

@@ -19,6 +19,7 @@ forward). Anything else is a train/serve bug (positions, context visibility, anc
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -96,9 +97,10 @@ def greedy_continuation(target, prompt: list[int], length: int) -> list[int]:
     model = getattr(target, "model", target)
     device = next(model.parameters()).device
     cache, tokens = DynamicCache(), list(prompt)
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     step = torch.tensor([prompt], device=device)
     for _ in range(length):
-        logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits
+        logits = model(input_ids=step, use_cache=True, **{cache_kwarg: cache}).logits
         tokens.append(int(logits[0, -1].argmax()))
         step = torch.tensor([[tokens[-1]]], device=device)
     return tokens
@@ -120,8 +122,10 @@ def record_decode(
         record_blocks=True,
     )
     output = output[0].tolist()
-    end = max((p + 1 + len(d) for p, d in zip(stats.anchor_positions, stats.drafted_per_step)), default=len(output))
-    text = greedy_continuation(target, prompt, max(end, len(output)) - len(prompt))
+    end = max((p + 1 + len(d) for p, d in zip(stats.anchor_positions, stats.drafted_per_step)), default=0)
+    # a block after the last output token fits too (the gap table anchors blocks anywhere in the output)
+    end = max(end, len(output) + drafter.block_size)
+    text = greedy_continuation(target, prompt, end - len(prompt))
     if text[: len(output)] != output:
         raise AssertionError("greedy speculative decoding differs from the target's greedy generate: not lossless")
     return DecodeRecord(
