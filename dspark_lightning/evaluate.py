@@ -321,10 +321,8 @@ def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap
             first = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
             encoded = data.encoder.encode(conversation.messages[: first + 1])
             references.append((encoded.input_ids, encoded.loss_mask))
-        stride = module.hparams.val_anchor_stride or module.hparams.block_size
-        table = gap_markdown(
-            gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k, stride=stride)
-        )
+        # every reply position is an anchor (stride 1): the per-position mean with the least noise
+        table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))
         Path(gap_table).parent.mkdir(parents=True, exist_ok=True)
         Path(gap_table).write_text(table)
         print(table)

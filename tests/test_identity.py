@@ -51,7 +51,9 @@ def demo():
     return target, prompt, text
 
 
-def make_drafter(target, head: str, sample_from_anchor: bool, draft_vocab: bool, text: list[int], seed: int = 0):
+def make_drafter(
+    target, head: str, sample_from_anchor: bool, draft_vocab: bool, text: list[int], seed: int = 0, **extra
+):
     """An untrained drafter with random weights; a vanilla head is made a (memorising) bigram oracle of ``text``, so
     that blocks are accepted in part and the anchors the identity must follow are irregular."""
     V = target.vocab_size
@@ -72,6 +74,7 @@ def make_drafter(target, head: str, sample_from_anchor: bool, draft_vocab: bool,
         sample_from_anchor=sample_from_anchor,
         confidence_head=False,
         confidence_with_markov=False,
+        **extra,
     )
     torch.manual_seed(seed)  # the drafter's initialisation draws from the global generator
     drafter = DSparkDrafter.for_target(cfg, target, vocab).eval()
@@ -111,6 +114,23 @@ def test_training_forward_reproduces_greedy_decoding(demo, head, sample_from_anc
             assert 1.0 < result.measured_tau < drafter.block_size + 1 - drafter.config.first_trained_slot
 
 
+def test_identity_with_sliding_window_layers(demo):
+    """A window shorter than the prompt: decoding reads the cache's last W positions, training masks i < p - W."""
+    target, prompt, text = demo
+    drafter = make_drafter(
+        target,
+        "vanilla",
+        True,
+        False,
+        text,
+        num_layers=2,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    result = check_identity(target, drafter, prompt, NEW_TOKENS, "markov", eos_token_id=[])
+    assert result.ok and result.steps > 0 and result.measured_tau > 1.0, result
+
+
 def test_identity_fails_when_the_replay_drifts(demo):
     """The check can fail: anchors one token late, or the text's previous tokens instead of the drafter's own."""
     target, prompt, text = demo
@@ -139,7 +159,9 @@ def test_gap_steps_end_at_measured_tau(demo):
     result = gap_decomposition(target, drafter, [prompt], [(reference, mask)], n, eos_token_id=[])
     tau, blocks = result["tau"], result["blocks"]
     assert tau["d"] == tau["measured"] and blocks["d"] == blocks["measured"]
-    assert tau["a"] == tau["b"] and blocks["a"] == blocks["b"] == n // drafter.block_size
+    assert tau["a"] == tau["b"] and blocks["a"] == blocks["b"] == n  # stride 1: every reply position
+    assert tau["c"] == tau["b"]  # greedy tau: own and text previous tokens agree up to the first rejection
+    assert 1.0 <= result["harmonic_c"] <= tau["c"]
     assert 1.0 < tau["measured"]
     table = gap_markdown(result)
     assert table.count("\n| (") == 4 and f"{tau['measured']:.3f} | +0.000 |" in table
