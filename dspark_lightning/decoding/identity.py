@@ -107,9 +107,19 @@ def greedy_continuation(target, prompt: list[int], length: int) -> list[int]:
 
 
 def record_decode(
-    target, drafter, prompt: list[int], max_new_tokens: int, mode: str, k: int = 16, eos_token_id=None
+    target,
+    drafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    mode: str,
+    k: int = 16,
+    eos_token_id=None,
+    check_lossless: bool = True,
 ) -> DecodeRecord:
-    """Greedy ``speculative_generate`` with ``record_blocks`` plus the text that covers its blocks."""
+    """Greedy ``speculative_generate`` with ``record_blocks`` plus the text that covers its blocks.
+
+    ``check_lossless`` raises if the output is not the text's prefix (in fp32 it always is; under bf16 a near-tie
+    may flip between the two forwards, which a training-time callback must survive)."""
     device = drafter.backbone.fc.weight.device
     output, stats = speculative_generate(
         target,
@@ -126,7 +136,7 @@ def record_decode(
     # a block after the last output token fits too (the gap table anchors blocks anywhere in the output)
     end = max(end, len(output) + drafter.block_size)
     text = greedy_continuation(target, prompt, end - len(prompt))
-    if text[: len(output)] != output:
+    if check_lossless and text[: len(output)] != output:
         raise AssertionError("greedy speculative decoding differs from the target's greedy generate: not lossless")
     return DecodeRecord(
         mode,

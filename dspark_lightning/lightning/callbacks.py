@@ -198,7 +198,10 @@ class SpeculativeDecodingCallback(L.Callback):
     """At validation end, real speculative decoding on a few eval prompts with the target: the train/serve gap.
 
     Logs ``val/decode/<mode>/tau`` (measured tokens per target forward, greedy) next to the teacher-forced
-    ``val/tau``, and ``val/decode/<mode>/gap`` = teacher-forced tau - measured tau. Prompts come from the data
+    ``val/tau``, and ``val/decode/<mode>/gap`` = teacher-forced tau - measured tau. On-policy:
+    ``val/decode/<mode>/on_policy_greedy_tau`` is the training metric (greedy tau) on the target's own replies to the
+    same prompts with a block at every reply position, and ``on_policy_gap`` = it - measured tau, what decoding's
+    anchor placement costs (``decoding.gap``). Prompts come from the data
     module's ``eval_prompts()``. Runs on global rank 0 only (the numbers are logged without sync).
     """
 
@@ -216,25 +219,35 @@ class SpeculativeDecodingCallback(L.Callback):
             return
         if parameters_sharded(trainer) or not hasattr(pl_module.target, "model"):
             return  # FSDP (sharded target), or cache mode (model.target_features=cache): no target decoder to verify drafts with
-        from dspark_lightning.decoding import speculative_generate
+        from dspark_lightning.decoding.identity import record_decode, teacher_forced_blocks
 
         prompts = trainer.datamodule.eval_prompts()[: self.num_prompts]
         head = pl_module.drafter.markov_head
         teacher_tau = pl_module.last_validation.get("acceptance/tau")
+        target, drafter = pl_module.target, pl_module.drafter
         for mode in self.modes:
             if mode != "parallel" and head is None:
                 continue
             if mode == "selector" and head.is_path_dependent:
                 continue
-            emitted = forwards = 0
+            emitted = forwards = on_policy = blocks = 0
             for prompt in prompts:
-                ids = torch.tensor([prompt], device=pl_module.device)
-                _, stats = speculative_generate(
-                    pl_module.target, pl_module.drafter, ids, self.max_new_tokens, mode=mode, k=self.k
+                record = record_decode(target, drafter, prompt, self.max_new_tokens, mode, self.k, check_lossless=False)
+                emitted += sum(a + 1 for a in record.accepted)
+                forwards += len(record.accepted)
+                # the training metric on the target's own reply, a block at every reply position (teacher-forced)
+                L = record.prompt_length
+                replay = teacher_forced_blocks(
+                    target, drafter, record.text, list(range(L, len(record.output))), L, mode, self.k, "teacher"
                 )
-                emitted += sum(stats.emitted_per_step)
-                forwards += stats.target_forwards
+                on_policy += sum(a + 1 for a in replay.metric_accepted)
+                blocks += len(replay.metric_accepted)
             tau = emitted / max(1, forwards)
             pl_module.log(f"val/decode/{mode}/tau", tau, rank_zero_only=True)
+            if blocks:
+                on_policy_tau = on_policy / blocks
+                pl_module.log(f"val/decode/{mode}/on_policy_greedy_tau", on_policy_tau, rank_zero_only=True)
+                # what decoding's anchor placement costs (reports/demo/gap.md, step (c) -> (d))
+                pl_module.log(f"val/decode/{mode}/on_policy_gap", on_policy_tau - tau, rank_zero_only=True)
             if teacher_tau is not None and mode in ("markov", "parallel"):
                 pl_module.log(f"val/decode/{mode}/gap", float(teacher_tau) - tau, rank_zero_only=True)
