@@ -27,6 +27,8 @@ import torch
 from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
+from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
+from dspark_lightning.decoding.identity import check_identity
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.step import evaluation_steps
 
@@ -242,6 +244,13 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--max_new_tokens", type=_positive_int, default=64, help="at least 1 (one verify step)")
     parser.add_argument("--val_files", default=None, help="override the checkpoint's validation files")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--check_identity",
+        action="store_true",
+        help="replay each greedy decode through the training forward (same anchors, own previous tokens): blocks "
+        "and tau must agree on every prompt, else exit non-zero; with --gap_table FILE also write the gap table",
+    )
+    parser.add_argument("--gap_table", default=None, help="with --check_identity: write the train/serve gap (markdown)")
     args = parser.parse_args(argv)
 
     module, data = load_trained(args.ckpt_path, val_files=args.val_files, num_eval_prompts=args.num_prompts)
@@ -257,6 +266,8 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     prompts = data.eval_prompts()[: args.num_prompts]
     if not prompts:
         raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
+    if args.check_identity:
+        return identity_main(module, data, prompts, modes, args.max_new_tokens, args.k, args.gap_table)
     schedules = [None, *args.thresholds]
     if args.cost_model:
         from dspark_lightning.decoding import measure_verify_cost
@@ -277,6 +288,37 @@ def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
     return rows
 
 
+def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap_table: str | None) -> list[dict]:
+    """``decode --check_identity``: per prompt and mode, training-forward replay vs greedy decode; raises on any
+    disagreement. With ``gap_table``: the (a)-(d) gap decomposition (``decoding.gap``) as a markdown file."""
+    rows = []
+    for index, prompt in enumerate(prompts):
+        for mode in modes:
+            result = check_identity(module.target, module.drafter, prompt, max_new_tokens, mode, k)
+            rows.append(dict(prompt=index, **vars(result), ok=result.ok))
+            print(
+                f"prompt {index} {mode}: {result.steps} blocks {'equal' if result.blocks_equal else 'DIFFER'}, "
+                f"measured tau {result.measured_tau:.4f}, replayed {result.teacher_forced_tau:.4f}, "
+                f"training metric {result.metric_greedy_tau:.4f}"
+            )
+    if gap_table:
+        references = []
+        for conversation in data.eval_conversations()[: len(prompts)]:
+            first = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
+            encoded = data.encoder.encode(conversation.messages[: first + 1])
+            references.append((encoded.input_ids, encoded.loss_mask))
+        # every reply position is an anchor (stride 1): the per-position mean with the least noise
+        table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))
+        Path(gap_table).parent.mkdir(parents=True, exist_ok=True)
+        Path(gap_table).write_text(table)
+        print(table)
+    bad = [row for row in rows if not row["ok"]]
+    if bad:
+        raise SystemExit(f"train/serve identity broken on {len(bad)} of {len(rows)} (prompt, mode) pairs: {bad[:3]}")
+    return rows
+
+
+@torch.no_grad()
 def collect_confidence_blocks(module, dataloader, max_batches: int):
     """Confidence logits, acceptance and validity [Nb, B'] over validation batches (evaluation anchors)."""
     logits, alphas, valids = [], [], []

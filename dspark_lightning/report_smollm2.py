@@ -28,6 +28,7 @@ import torch
 from dspark_lightning.analysis import REPO_ROOT, quieted
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import measure_speedup
+from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")

@@ -79,6 +79,12 @@ def test_fit_then_validate_from_checkpoint(fitted_run):
     assert 0.0 <= float(metrics["val/selector/coverage@16"]) <= 1.0
     assert float(metrics["val/selector/coverage@64"]) >= float(metrics["val/selector/coverage@1"])
     assert float(metrics["val/decode/markov/tau"]) >= 1.0
+    on_policy = float(metrics["val/decode/markov/on_policy_greedy_tau"])  # the training metric on the target's replies
+    assert on_policy >= 1.0
+    assert (
+        abs(float(metrics["val/decode/markov/on_policy_gap"]) - (on_policy - float(metrics["val/decode/markov/tau"])))
+        < 1e-5
+    )
     # the checkpoint holds only trainable drafter state, never the target
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     assert state and all(k.startswith("drafter.") for k in state)

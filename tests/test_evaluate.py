@@ -78,6 +78,26 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
         assert 1 <= best["best_n"] <= 8 and len(best["tokens_per_second"]) == len(best["expected_tokens"])
 
 
+def test_decode_check_identity_on_a_trained_checkpoint(trained_checkpoint, tmp_path):
+    gap = tmp_path / "gap.md"
+    rows = cli_main(
+        [
+            "decode",
+            f"--ckpt_path={trained_checkpoint}",
+            "--num_prompts=2",
+            "--max_new_tokens=24",
+            "--check_identity",
+            f"--gap_table={gap}",
+        ]
+    )
+    assert {row["mode"] for row in rows} == {"parallel", "markov", "selector"} and len(rows) == 6
+    assert all(row["ok"] and row["measured_tau"] == row["teacher_forced_tau"] for row in rows)
+    lines = gap.read_text().splitlines()
+    measured = next(line for line in lines if line.startswith("| measured"))
+    step_d = next(line for line in lines if line.startswith("| (d)"))
+    assert measured.split("|")[-3] == step_d.split("|")[-3] and measured.split("|")[-2].strip() == "+0.000"
+
+
 def test_calibrate_command_stores_temperatures(trained_checkpoint, tmp_path):
     output = tmp_path / "calibrated.ckpt"
     result = cli_main(["calibrate", f"--ckpt_path={trained_checkpoint}", f"--output={output}", "--max_batches=3"])

@@ -120,12 +120,15 @@ def speculative_generate(
     cost_model: tuple[float, float] | None = None,
     eos_token_id: int | list[int] | None = None,
     drafter_cache: bool = True,
+    record_blocks: bool = False,
 ) -> tuple[torch.Tensor, DecodeStats]:
     """Speculative generation; returns (prompt + new tokens [1, T], stats). See the module docstring.
 
     ``target`` is a ``FrozenTarget`` or a Hugging Face causal LM (then ``drafter.config.target_layer_ids`` says
     which layers feed the drafter). ``eos_token_id`` defaults to the target's generation config.
     ``drafter_cache=False`` recomputes the drafter's context projections over the whole prefix at every step.
+    ``record_blocks`` keeps each step's anchor position and drafted tokens in the stats (``decoding.identity``
+    replays them teacher-forced); off by default because listing the drafted tokens costs a copy per step.
     """
     from transformers import DynamicCache
 
@@ -240,6 +243,9 @@ def speculative_generate(
         stats.verified_per_step.append(drafted.shape[0])
         stats.accepted_per_step.append(accepted)
         stats.emitted_per_step.append(len(new))
+        if record_blocks:
+            stats.anchor_positions.append(processed)  # the anchor is token ``processed`` of prompt + output
+            stats.drafted_per_step.append(drafted.tolist())
         keep = processed + 1 + accepted  # anchor + accepted drafts now belong to the verified prefix
         surplus = cache.get_seq_length() - keep
         if surplus > 0:

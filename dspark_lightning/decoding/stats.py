@@ -26,6 +26,9 @@ class DecodeStats:
     accepted_per_step: list[int] = field(default_factory=list)  # drafted tokens accepted per verification
     verified_per_step: list[int] = field(default_factory=list)  # drafted tokens sent to verification
     emitted_per_step: list[int] = field(default_factory=list)  # tokens appended per target forward
+    # with ``record_blocks``: each step's anchor position (its index in prompt + output) and drafted target ids
+    anchor_positions: list[int] = field(default_factory=list)
+    drafted_per_step: list[list[int]] = field(default_factory=list)
     draft_backbone_seconds: float = 0.0
     draft_head_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -87,6 +90,8 @@ class DecodeStats:
             merged.accepted_per_step += run.accepted_per_step
             merged.verified_per_step += run.verified_per_step
             merged.emitted_per_step += run.emitted_per_step
+            merged.anchor_positions += run.anchor_positions
+            merged.drafted_per_step += run.drafted_per_step
             merged.new_tokens += run.new_tokens
             for phase in PHASES:
                 name = f"{phase}_seconds"

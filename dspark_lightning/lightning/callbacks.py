@@ -19,7 +19,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from dspark_lightning import plotting
-from dspark_lightning.decoding import speculative_generate, supported_modes
+from dspark_lightning.decoding import supported_modes
+from dspark_lightning.decoding.identity import record_decode, teacher_forced_blocks
 from dspark_lightning.selector import equivalence_report
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,10 @@ class SpeculativeDecodingCallback(L.Callback):
     """At validation end, real speculative decoding on a few eval prompts with the target: the train/serve gap.
 
     Logs ``val/decode/<mode>/tau`` (measured tokens per target forward, greedy) next to the teacher-forced
-    ``val/tau``, and ``val/decode/<mode>/gap`` = teacher-forced tau - measured tau. Prompts come from the data
+    ``val/tau``, and ``val/decode/<mode>/gap`` = teacher-forced tau - measured tau. On-policy:
+    ``val/decode/<mode>/on_policy_greedy_tau`` is the training metric (greedy tau) on the target's own replies to the
+    same prompts with a block at every reply position, and ``on_policy_gap`` = it - measured tau, what decoding's
+    anchor placement costs (``decoding.gap``). Prompts come from the data
     module's ``eval_prompts()``. Runs on global rank 0 only (the numbers are logged without sync).
     """
 
@@ -219,18 +223,28 @@ class SpeculativeDecodingCallback(L.Callback):
         prompts = trainer.datamodule.eval_prompts()[: self.num_prompts]
         head = pl_module.drafter.markov_head
         teacher_tau = pl_module.last_validation.get("acceptance/tau")
+        target, drafter = pl_module.target, pl_module.drafter
         for mode in self.modes:
             if mode not in supported_modes(head):
                 continue
-            emitted = forwards = 0
+            emitted = forwards = on_policy = blocks = 0
             for prompt in prompts:
-                ids = torch.tensor([prompt], device=pl_module.device)
-                _, stats = speculative_generate(
-                    pl_module.target, pl_module.drafter, ids, self.max_new_tokens, mode=mode, k=self.k
+                record = record_decode(target, drafter, prompt, self.max_new_tokens, mode, self.k, check_lossless=False)
+                emitted += sum(a + 1 for a in record.accepted)
+                forwards += len(record.accepted)
+                # the training metric on the target's own reply, a block at every reply position (teacher-forced)
+                L = record.prompt_length
+                replay = teacher_forced_blocks(
+                    target, drafter, record.text, list(range(L, len(record.output))), L, mode, self.k, "teacher"
                 )
-                emitted += sum(stats.emitted_per_step)
-                forwards += stats.target_forwards
+                on_policy += sum(a + 1 for a in replay.metric_accepted)
+                blocks += len(replay.metric_accepted)
             tau = emitted / max(1, forwards)
             pl_module.log(f"val/decode/{mode}/tau", tau, rank_zero_only=True)
+            if blocks:
+                on_policy_tau = on_policy / blocks
+                pl_module.log(f"val/decode/{mode}/on_policy_greedy_tau", on_policy_tau, rank_zero_only=True)
+                # what decoding's anchor placement costs (reports/demo/gap.md, step (c) -> (d))
+                pl_module.log(f"val/decode/{mode}/on_policy_gap", on_policy_tau - tau, rank_zero_only=True)
             if teacher_tau is not None and mode in ("markov", "parallel"):
                 pl_module.log(f"val/decode/{mode}/gap", float(teacher_tau) - tau, rank_zero_only=True)

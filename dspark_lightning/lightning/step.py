@@ -84,6 +84,11 @@ def step_output(
         nla_alpha_min=hp.nla_alpha_min,
     )
     total = loss_out.loss
+    # greedy verification accepts the target's own argmax: compare in target ids over the whole vocabulary (with a
+    # draft vocabulary, the argmax of the draft-vocab teacher is merely the best draft token)
+    vocab = drafter.draft_vocab
+    draft_argmax = loss_out.draft_argmax if vocab is None else vocab.to_target(loss_out.draft_argmax)
+    greedy_match = (draft_argmax == out.teacher_argmax.reshape(Nb, B)).view(loss_out.greedy_match.shape)
     losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
     confidence = None
     if out.confidence_logits is not None:
@@ -113,7 +118,7 @@ def step_output(
         loss=total,
         losses=losses,
         alpha=view(loss_out.alpha),
-        greedy_match=view(loss_out.greedy_match),
+        greedy_match=view(greedy_match),
         valid=view(valid),
         confidence=view(confidence),
         drafter_output=out,

@@ -41,6 +41,8 @@ from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov, markov_config_from
 from dspark_lightning.models.vocab import DraftVocab
 
+MARKOV_PREV = ("teacher", "own")
+
 
 @dataclass
 class DrafterConfig:
@@ -117,6 +119,9 @@ class DrafterOutput:
     prev_tokens: torch.Tensor  # [b, A, B] target ids
     target_tokens: torch.Tensor  # [b, A, B] target ids of the predicted tokens
     anchors: Anchors
+    # [b, A, B] target ids: the target's argmax over its whole vocabulary, what greedy verification accepts (with a
+    # draft vocabulary the argmax of ``teacher_logprobs`` is only the best draft token, which may not be it)
+    teacher_argmax: torch.Tensor | None = None
 
 
 class DSparkDrafter(nn.Module):
@@ -255,8 +260,16 @@ class DSparkDrafter(nn.Module):
         final_hidden: torch.Tensor,
         anchors: Anchors | None = None,
         generator: torch.Generator | None = None,
+        markov_prev: str = "teacher",
     ) -> DrafterOutput:
-        """Teacher-forced training forward over a packed batch (shapes in the data package docstring)."""
+        """Teacher-forced training forward over a packed batch (shapes in the data package docstring).
+
+        ``markov_prev``: what the Markov head reads as each slot's previous token: ``teacher`` (the text, as
+        trained) or ``own`` (the drafter's own greedy choice at the slot before, a sequential decode inside the
+        forward: what greedy ``markov`` decoding does; ``prev_tokens`` then holds those choices).
+        """
+        if markov_prev not in MARKOV_PREV:
+            raise ValueError(f"unknown markov_prev {markov_prev!r}; expected one of {MARKOV_PREV}")
         cfg = self.config
         B, S = cfg.block_size, input_ids.shape[1]
         if anchors is None:
@@ -280,10 +293,20 @@ class DSparkDrafter(nn.Module):
         base_logits = self.output_logits(hidden)
         logits = base_logits
         if self.markov_head is not None:
-            logits = base_logits + self.markov_head.block_bias(prev_tokens.flatten(0, 1), hidden.flatten(0, 1)).view(
-                base_logits.shape
-            ).to(base_logits.dtype)
-        teacher = self.teacher_logprobs(final_hidden, (predicted - 1).clamp(min=0))
+            first = cfg.first_trained_slot
+            if markov_prev == "own":
+                prev_tokens = prev_tokens.clone()
+                prev_tokens[:, :, first:] = self._own_previous(
+                    base_logits[:, :, first:], hidden[:, :, first:], prev_tokens[:, :, first]
+                )
+            # the head starts at the first drafted slot, as decoding does: in the DFlash convention slot 0 (the
+            # bonus token) is never drafted, so it must not advance the rnn head's state either
+            bias = self.markov_head.block_bias(
+                prev_tokens[:, :, first:].flatten(0, 1), hidden[:, :, first:].flatten(0, 1)
+            )
+            drafted = base_logits[:, :, first:] + bias.view(base_logits[:, :, first:].shape).to(base_logits.dtype)
+            logits = torch.cat((base_logits[:, :, :first], drafted), dim=2) if first else drafted
+        teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0))
         return DrafterOutput(
             logits=logits,
             base_logits=base_logits,
@@ -294,17 +317,38 @@ class DSparkDrafter(nn.Module):
             prev_tokens=prev_tokens,
             target_tokens=target_tokens,
             anchors=anchors,
+            teacher_argmax=teacher_argmax,
         )
+
+    @torch.no_grad()
+    def _own_previous(self, base_logits: torch.Tensor, hidden: torch.Tensor, first_prev: torch.Tensor) -> torch.Tensor:
+        """Greedy sequential Markov decode of blocks [b, A, B', Vd] -> each slot's previous token [b, A, B']
+        (target ids): ``first_prev`` for the first slot, then the drafter's own choice at the slot before."""
+        head, shape = self.markov_head, base_logits.shape
+        prev, state = first_prev.flatten(), None
+        previous = []
+        for slot in range(shape[2]):
+            previous.append(prev)
+            bias, state = head.step_bias(prev, hidden[:, :, slot].flatten(0, 1), state)
+            choice = (base_logits[:, :, slot].flatten(0, 1) + bias.to(base_logits.dtype)).argmax(-1)
+            prev = choice if self.d2t is None else self.d2t[choice]
+        return torch.stack(previous, dim=-1).view(shape[:3])
 
     @torch.no_grad()
     def teacher_logprobs(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Target log-probs of the next token after each of ``positions`` [b, ...], over the draft vocab."""
+        return self.teacher(final_hidden, positions)[0]
+
+    @torch.no_grad()
+    def teacher(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``teacher_logprobs``, the target's full-vocabulary argmax as target ids [b, ...]) after ``positions``."""
         b = final_hidden.shape[0]
         rows = final_hidden.gather(1, positions.reshape(b, -1, 1).expand(-1, -1, final_hidden.shape[-1]))
         logprobs = torch.log_softmax(self.lm_head(rows).float(), dim=-1)
+        argmax = logprobs.argmax(-1).view(positions.shape)
         if self.draft_vocab is not None:
             logprobs = logprobs[..., self.draft_vocab.d2t]
-        return logprobs.view(*positions.shape, -1)
+        return logprobs.view(*positions.shape, -1), argmax
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
