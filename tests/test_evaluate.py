@@ -48,9 +48,8 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
             f"--ckpt_path={trained_checkpoint}",
             "--num_prompts=3",
             "--max_new_tokens=32",
-            "--thresholds",
-            "0.3",
-            "--cost_model",
+            "--thresholds=[0.3]",
+            "--cost_model=true",
             f"--json={out}",
         ]
     )

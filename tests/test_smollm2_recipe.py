@@ -136,20 +136,20 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     """The recipe at tiny scale: cache the shipped regenerated validation data, train the vanilla head for two steps
     from the cache, then decode with the full target: greedy output identical to `generate`, numbers finite."""
     from dspark_lightning.cli import cli_main
-    from dspark_lightning.report_smollm2 import main as report_main
 
     shipped = str(ROOT / "assets/smollm2/regenerated/validation-00000.jsonl")
     cache = tmp_path / "cache"
     summary = cli_main(
         ["cache", "--target", str(smollm2[0]), "--data", shipped, "--output", str(cache), "--seq_len", "256"]
-        + ["--batch_size", "1", "--layers", "1", "14", "27", "--limit", "2"]
+        + ["--batch_size", "1", "--layers", "[1,14,27]", "--limit", "2"]
     )
     assert sum(shard["num_samples"] for shard in summary["shards"]) == 2 and summary["complete"]
-    rows = report_main(
-        ["--output", str(tmp_path / "report"), "--heads", "vanilla", "--steps", "2", "--num_prompts", "2"]
-        + ["--max_new_tokens", "8", "--max_blocks", "16", f"--model.target={smollm2[0]}", "--data.seq_len=256"]
-        + [f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}"]
-        + ["--model.max_anchors=8", "--trainer.limit_val_batches=1", "--runs_dir", str(tmp_path / "runs")]
+    fit_args = [f"--model.target={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
+    fit_args += [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.max_anchors=8"]
+    rows = cli_main(
+        ["report-smollm2", "--output", str(tmp_path / "report"), "--heads", "[vanilla]", "--steps", "2"]
+        + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]
+        + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]
     )
     (row,) = rows
     assert row["wall_clock"]["outputs_equal"] and row["wall_clock"]["prompts"] == 2
