@@ -60,7 +60,17 @@ def test_cli_counts_assistant_tokens_and_writes_a_vocab_the_module_reads(tmp_pat
     conversations = write_corpus(tmp_path / "chats.jsonl")
     output = tmp_path / "vocab" / "draft_vocab.safetensors"
     summary = cli_main(
-        ["draft-vocab", "--tokenizer", DEMO, "--data", str(tmp_path / "chats.jsonl"), "--size", "24", "--output", str(output)]
+        [
+            "draft-vocab",
+            "--tokenizer",
+            DEMO,
+            "--data",
+            str(tmp_path / "chats.jsonl"),
+            "--size",
+            "24",
+            "--output",
+            str(output),
+        ]
     )
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO)

@@ -178,5 +178,7 @@ def test_cache_over_only_bad_records_fails(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{"messages": "hi"}\n')
     with pytest.raises(NoTrainableDataError, match=r"missing_conversations: 1.*conversations_not_a_list: 1"):
-        cli_main(["cache", "--target", TARGET, "--data", str(bad), "--output", str(tmp_path / "cache"), "--device", "cpu"])
+        cli_main(
+            ["cache", "--target", TARGET, "--data", str(bad), "--output", str(tmp_path / "cache"), "--device", "cpu"]
+        )
     assert not (tmp_path / "cache" / "index.json").exists()

@@ -61,10 +61,14 @@ def test_json_output_never_contains_nan(checkpoint, tmp_path, capsys):
 
     assert strict(dumps_json({"ece": math.nan, "per_slot": [1.0, math.inf]})) == {"ece": None, "per_slot": [1.0, None]}
     out = tmp_path / "rows.json"
-    cli_main(["decode", "--ckpt_path", str(checkpoint), "--modes", "[parallel]", "--num_prompts", "1", "--json", str(out)])
+    cli_main(
+        ["decode", "--ckpt_path", str(checkpoint), "--modes", "[parallel]", "--num_prompts", "1", "--json", str(out)]
+    )
     assert strict(out.read_text())[0]["mode"] == "parallel"
     capsys.readouterr()
-    cli_main(["calibrate", "--ckpt_path", str(checkpoint), "--max_batches", "1", "--output", str(tmp_path / "cal.ckpt")])
+    cli_main(
+        ["calibrate", "--ckpt_path", str(checkpoint), "--max_batches", "1", "--output", str(tmp_path / "cal.ckpt")]
+    )
     printed = capsys.readouterr().out
     assert "temperatures" in strict(printed[printed.index("{") :])
 
