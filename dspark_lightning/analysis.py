@@ -122,13 +122,17 @@ def command_line(name: str, function, values: dict) -> str:
     """
     import dataclasses
     import inspect
+    import re
     import shlex
 
     def spelled(value) -> str:
         if isinstance(value, bool):
             return str(value).lower()
         if isinstance(value, (list, tuple)):
-            return "[" + ",".join(spelled(v) for v in value) + "]"
+            items = [spelled(v) for v in value]
+            if all(re.fullmatch(r"[^\[\]{},:\s\"']+", item) for item in items):
+                return "[" + ",".join(items) + "]"
+            return json.dumps(list(value))  # an item YAML would split or nest (brackets, commas, colons)
         return str(value)
 
     words = [f"dspark-lightning {name}"]

@@ -72,9 +72,10 @@ def build_parser() -> ArgumentParser:
 def run_command(name: str, argv: Sequence[str]) -> object:
     """Parse ``argv`` as the options of tool command ``name`` and call its function; returns what it returns."""
     parser = command_parser(name)
-    config = parser.parse_args(list(argv))
-    config.pop("config", None)
-    return TOOL_COMMANDS[name](**config.as_dict())
+    config = parser.instantiate(parser.parse_args(list(argv)))  # dataclass groups (report's budget) built
+    values = vars(config)
+    values.pop("config", None)
+    return TOOL_COMMANDS[name](**values)
 
 
 def cli_main(args: Sequence[str] | None = None, run: bool = True) -> object:

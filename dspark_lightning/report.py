@@ -134,16 +134,16 @@ class Budget:
         max_blocks: validation blocks for the Selector and calibration measurements
     """
 
-    steps: int = 600
-    seq_len: int = 128
-    batch_size: int = 4
-    max_anchors: int = 16
-    val_samples: int = 64
-    val_batches: int = 8
-    num_prompts: int = 16
-    max_new_tokens: int = 96
-    k: int = 16
-    max_blocks: int = 512
+    steps: PositiveInt = 600
+    seq_len: PositiveInt = 128
+    batch_size: PositiveInt = 4
+    max_anchors: PositiveInt = 16
+    val_samples: PositiveInt = 64
+    val_batches: PositiveInt = 8
+    num_prompts: PositiveInt = 16
+    max_new_tokens: PositiveInt = 96
+    k: PositiveInt = 16
+    max_blocks: PositiveInt = 512
 
 
 def train_and_evaluate(

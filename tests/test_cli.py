@@ -211,3 +211,29 @@ def test_every_command_takes_help_config_and_print_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["nonsense"])
     assert exit_info.value.code == 2 and "invalid choice: 'nonsense'" in capsys.readouterr().err
+
+
+def test_recorded_command_lines_parse_back_to_the_same_call():
+    """What report / loss-study / report-smollm2 write as "made by" parses, through the table, to the values given."""
+    from dspark_lightning.analysis import command_line
+    from dspark_lightning.report import Budget
+
+    calls = {
+        "report": {"output": "out dir", "heads": ["none", "gated"], "block_sizes": [8], "budget": Budget(steps=20)},
+        "loss-study": {"output": "o", "losses": ["kl"], "seeds": [0, 3], "dpace": False, "threads": 2},
+        "report-smollm2": {"output": "o", "heads": ["vanilla"], "fit_args": ["--model.max_anchors=32", "--x=[1,2]"]},
+    }
+    for name, given in calls.items():
+        parser = command_parser(name)
+        values = {**parser.get_defaults().as_dict(), **given}
+        values.pop("config")
+        line = command_line(name, TOOL_COMMANDS[name], values)
+        words = shlex.split(line)
+        assert words[:2] == ["dspark-lightning", name] and "--config" not in words
+        parsed = parser.parse_args(words[2:]).as_dict()
+        parsed.pop("config")
+        if "budget" in given:
+            given = {**given, "budget": vars(given["budget"])}
+        assert {k: parsed[k] for k in given} == given, line
+        assert all(f"--{k}" in line for k in given), line
+        assert ("--threads" in line) == ("threads" in given), line  # values equal to the defaults are left out
