@@ -3,7 +3,7 @@
 ``fit``, ``validate``, ``test`` are LightningCLI subcommands over ``DSparkModule`` and ``ShareGPTDataModule``
 (``lightning/cli.py``); every other command is a typed function whose signature and docstring jsonargparse turns into
 options, so each command takes ``--help``, ``--config FILE`` and ``--print_config`` the same way, and options are
-spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes [parallel,markov]``), flags take a value
+spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes '[parallel,markov]'``), flags take a value
 (``--dry_run true``).
 
     dspark-lightning fit --config configs/quickstart.yaml [--config configs/heads/gated.yaml] [--model.block_size 16]

@@ -1,7 +1,8 @@
 """Post-training tools over a Lightning checkpoint: ``decode`` (measured speculative decoding) and ``calibrate``.
 
-    dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt [--modes [parallel,markov,selector]]
-                            [--temperature 0.7] [--thresholds [0.3,0.6]] [--num_prompts 16] [--max_new_tokens 64]
+    dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
+        [--modes '[parallel,markov,selector]'] [--temperature 0.7] [--thresholds '[0.3,0.6]'] [--num_prompts 16]
+        [--max_new_tokens 64]
     dspark-lightning calibrate --ckpt_path ... [--output calibrated.ckpt]
 
 Both rebuild the model (``DSparkModule.load_from_checkpoint`` with ``weights_only=True``: our checkpoints hold only

@@ -1,7 +1,7 @@
 """``dspark-lightning report``: train the Markov-head variants on the demo and write a one-page experiment report.
 
     dspark-lightning report --output reports/demo                       # none/vanilla/gated/rnn x B = 8, 16
-    dspark-lightning report --output /tmp/r --heads [none,vanilla] --block_sizes [8] --budget.steps 40   # a quick look
+    dspark-lightning report --output /tmp/r --heads '[none,vanilla]' --block_sizes '[8]' --budget.steps 40  # quick
 
 For every (head, block size) it runs ``fit`` through the real CLI (``lightning_main``: the run is exactly what a user
 gets from ``dspark-lightning fit --config configs/quickstart.yaml --config configs/heads/<head>.yaml``, shrunk by
@@ -21,8 +21,8 @@ It writes ``report.md`` (tables + how it was made), ``results.json`` (every numb
 Design choices:
 - Sizes are CPU sizes: sequence length 128, 4 rows, 16 anchors, one thread (``torch.set_num_threads(1)``; the demo
   machine has 2 shared cores). The default budget (600 steps per variant, 8 variants) takes about a quarter of an
-  hour there. ``--budget.*`` changes every budget knob; ``--budget.steps 40 --heads [none,vanilla] --block_sizes [8]``
-  is a smoke test.
+  hour there. ``--budget.*`` changes every budget knob; ``--budget.steps 40 --heads '[none,vanilla]'
+  --block_sizes '[8]'`` is a smoke test.
 - Every variant uses the same seed, data order and budget, so differences are the heads' (and noise: single seeds,
   short runs; the report says so).
 - Run directories (CSV logs, ``last.ckpt``, plots) go to a temporary directory that is deleted afterwards unless

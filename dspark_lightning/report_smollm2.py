@@ -1,7 +1,7 @@
 """``dspark-lightning report-smollm2``: train every head on the SmolLM2-135M-Instruct recipe and measure it.
 
     dspark-lightning report-smollm2 --output reports/smollm2                    # none/vanilla/gated/rnn/selector
-    dspark-lightning report-smollm2 --output /tmp/r --heads [none,vanilla] --steps 20 --num_prompts 2   # a smoke run
+    dspark-lightning report-smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2   # a smoke run
 
 Each head is trained by ``fit`` with ``configs/smollm2_sharegpt.yaml`` + ``configs/heads/<head>.yaml`` (from the
 offline feature cache), then re-loaded with the full 30-layer target (``target_features="online"``) and measured by

@@ -38,7 +38,7 @@ def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
         assert len(g["accept_rate_per_slot"]) == 8 and all(0 <= a <= 1 for a in g["accept_rate_per_slot"])
     assert saved["budget"]["steps"] == 3
     assert saved["command"] == (  # the made-by line: the options given, in the table's spelling
-        f"dspark-lightning loss-study --output {out} --losses [kl,lk_hybrid] --seeds [0] --budget.steps 3 "
+        f"dspark-lightning loss-study --output {out} --losses '[kl,lk_hybrid]' --seeds '[0]' --budget.steps 3 "
         "--budget.val_samples 8 --budget.val_batches 1 --budget.num_prompts 1 --budget.max_new_tokens 8 "
         "--budget.max_blocks 16"
     )

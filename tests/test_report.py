@@ -51,7 +51,7 @@ def test_tiny_report_runs_in_a_minute_and_writes_everything(tmp_path):
     saved = json.loads((out / "results.json").read_text())
     assert saved["budget"]["steps"] == 20 and len(saved["rows"]) == 2
     assert saved["command"] == (  # the line that makes the report again: only the options that differ from defaults
-        f"dspark-lightning report --output {out} --heads [none,gated] --block_sizes [8] --budget.steps 20 "
+        f"dspark-lightning report --output {out} --heads '[none,gated]' --block_sizes '[8]' --budget.steps 20 "
         "--budget.val_samples 16 --budget.val_batches 2 --budget.num_prompts 2 --budget.max_new_tokens 24 "
         "--budget.max_blocks 64"
     )

@@ -157,6 +157,10 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     assert row["measured_selector_tau"] is not None and 0.0 <= row["coverage_at_k"] <= 1.0
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["rows"][0]["head"] == "vanilla"
+    made_by = (
+        f"dspark-lightning report-smollm2 --output {tmp_path / 'report'} --heads '[vanilla]' --steps 2 --num_prompts 2"
+    )
+    assert results["command"].startswith(made_by) and results["rows"][0]["command"] == results["command"]
     assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "acceptance_per_slot.png").is_file()
     # the decode command on the cache-trained checkpoint loads the whole target (greedy: identical to generate)
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")

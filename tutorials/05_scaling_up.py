@@ -179,9 +179,9 @@ show(
 # %%
 show(
     "dspark-lightning cache --target Qwen/Qwen3-8B --data 'data/qwen3_8b_regenerated/*.jsonl' "
-    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers [1,9,17,25,33] --dry_run true",
+    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --dry_run true",
     "dspark-lightning cache --target Qwen/Qwen3-8B --data 'data/qwen3_8b_regenerated/*.jsonl' "
-    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers [1,9,17,25,33] --device_map auto",
+    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --device_map auto",
     "dspark-lightning fit --config configs/qwen3_8b_sharegpt.yaml --config configs/cache.yaml "
     "--data.train_cache cache/qwen3_8b/train --data.val_cache cache/qwen3_8b/val",
 )
@@ -206,7 +206,7 @@ show(
 
 # %%
 show(
-    "dspark-lightning decode --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.ckpt --modes [parallel,markov,selector]",
+    "dspark-lightning decode --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.ckpt --modes '[parallel,markov,selector]'",
     "dspark-lightning calibrate --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.ckpt",
     "dspark-lightning export --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.calibrated.ckpt --output export/qwen3_8b_dspark",
 )

@@ -3,7 +3,7 @@
 Usage (wired as ``dspark-lightning cache``)::
 
     dspark-lightning cache --target Qwen/Qwen3-8B --data 'sharegpt/*.jsonl' --output cache/train \\
-        --seq_len 4096 --batch_size 8 [--layers [1,17,33] | --num_draft_layers 3] [--dtype bfloat16] [--limit N]
+        --seq_len 4096 --batch_size 8 [--layers '[1,17,33]' | --num_draft_layers 3] [--dtype bfloat16] [--limit N]
 
 then train with no target decoder in memory (``configs/cache.yaml``: ``data.train_cache`` / ``data.val_cache`` and
 ``model.target_features: cache``).
