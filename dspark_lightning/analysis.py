@@ -3,8 +3,8 @@
 They are thin layers over the framework's own entry points, so a notebook shows the real calls rather than copies:
 
 - runs: ``demo_fit_args`` (the ``fit`` arguments of a CPU-sized demo run: ``configs/quickstart.yaml`` + a head
-  config + overrides), ``shell_command`` (the same as a shell line), ``find_runs`` / ``run_label`` (discover run
-  directories and name them by head and block size);
+  config + overrides), ``shell_command`` (the same as a shell line), ``command_line`` (a tool call as the line that
+  makes it), ``find_runs`` / ``run_label`` (discover run directories and name them by head and block size);
 - measuring a trained ``DSparkModule``: ``collect_blocks`` (validation blocks with everything the Selector and
   calibration analyses need, from ``module.shared_step`` on the deterministic evaluation anchors, i.e. the same
   blocks as the validation metrics), ``heldout_calibration`` (sequential temperature scaling fitted on half of the
@@ -117,6 +117,42 @@ def shell_command(args: Sequence[str]) -> str:
     words = [shlex.quote(a) for a in args]
     head = ["dspark-lightning " + words.pop(0)] if words and not args[0].startswith("-") else ["dspark-lightning"]
     return " \\\n    ".join(head + words)
+
+
+def command_line(name: str, function, values: dict) -> str:
+    """The one-line ``dspark-lightning NAME ...`` that calls ``function`` with ``values`` (defaults left out).
+
+    What a report records as the command that made it; values are spelled as the command table parses them (YAML
+    lists ``[a,b]``, ``true``/``false``, a dataclass as ``--name.field value``).
+    """
+    import dataclasses
+    import inspect
+    import re
+    import shlex
+
+    def spelled(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, (list, tuple)):
+            items = [spelled(v) for v in value]
+            if all(re.fullmatch(r"[^\[\]{},:\s\"']+", item) for item in items):
+                return "[" + ",".join(items) + "]"
+            return json.dumps(list(value))  # an item YAML would split or nest (brackets, commas, colons)
+        return str(value)
+
+    words = [f"dspark-lightning {name}"]
+    for key, parameter in inspect.signature(function).parameters.items():
+        value, default = values[key], parameter.default
+        if dataclasses.is_dataclass(value):
+            defaults = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else {}
+            words += [
+                f"--{key}.{field} {shlex.quote(spelled(v))}"
+                for field, v in dataclasses.asdict(value).items()
+                if defaults.get(field) != v
+            ]
+        elif value is not None and (parameter.default is inspect.Parameter.empty or value != default):
+            words.append(f"--{key} {shlex.quote(spelled(value))}")
+    return " ".join(words)
 
 
 HEAD_CLASSES = {"VanillaMarkov": "vanilla", "GatedMarkov": "gated", "SelectorMarkov": "selector", "RnnMarkov": "rnn"}

@@ -12,9 +12,10 @@ import argparse
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.data.cache import (
     CACHE_FORMAT,
@@ -26,7 +27,7 @@ from dspark_lightning.data.cache import (
     format_bytes,
 )
 from dspark_lightning.data.datamodule import NoTrainableDataError, ShareGPTDataModule
-from dspark_lightning.dtypes import DTYPES, torch_dtype
+from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, load_causal_lm
 
@@ -170,38 +171,56 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     return index
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dspark-lightning cache",
-        description="Run the frozen target once over packed conversations and store its features for training.",
-    )
-    add = parser.add_argument
-    add("--target", required=True, help="hub id or local path of the target model (and tokenizer)")
-    add("--data", required=True, nargs="+", help="local .json/.jsonl files, dirs, globs, or a hub id")
-    add("--output", required=True, help="cache directory (index.json + features-NNNNN.safetensors)")
-    add("--seq_len", "--seq-len", type=int, default=512, help="packed sequence length (as data.seq_len)")
-    add("--batch_size", "--batch-size", type=int, default=8, help="packed samples per target forward")
-    add("--block_size", "--block-size", type=int, default=8, help="draft block size (skips rows with no anchor room)")
-    add("--layers", type=int, nargs="+", default=None, help="target layer ids to store (default: DFlash spread)")
-    add("--num_draft_layers", "--num-draft-layers", type=int, default=1, help="for the default --layers spread")
-    add("--dtype", choices=sorted(DTYPES), default="bfloat16", help="storage dtype of the features")
-    add("--target_dtype", "--target-dtype", default="auto", help="compute dtype of the target (auto = checkpoint's)")
-    add("--shard_size", "--shard-size", type=int, default=256, help="packed samples per safetensors shard")
-    add("--limit", type=int, default=None, help="write at most this many packed samples")
-    add("--max_length", "--max-length", type=int, default=None, help="truncate conversations to this many tokens")
-    add("--num_jobs", "--num-jobs", type=int, default=1, help="split the samples over this many parallel jobs")
-    add("--job_index", "--job-index", type=int, default=0, help="which of --num_jobs this is (own --output each)")
-    add("--device", default=None, help="default: cuda if available, else cpu")
-    add("--device_map", "--device-map", default=None, help="e.g. auto: spread a large target over all GPUs")
-    add("--chat_template_kwargs", "--chat-template-kwargs", type=json.loads, default=None, help="JSON object")
-    add("--no_count_pass", "--no-count-pass", dest="count_pass", action="store_false", help="skip the count pass")
-    add("--dry_run", "--dry-run", action="store_true", help="print the size estimate and stop")
-    add("--trust_remote_code", "--trust-remote-code", action="store_true", default=False)
-    return parser
+def cache_command(
+    target: str,
+    data: list[str] | str,
+    output: str,
+    seq_len: PositiveInt = 512,
+    batch_size: PositiveInt = 8,
+    block_size: PositiveInt = 8,
+    layers: list[NonNegativeInt] | None = None,
+    num_draft_layers: PositiveInt = 1,
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16",
+    target_dtype: str = "auto",
+    shard_size: PositiveInt = 256,
+    limit: PositiveInt | None = None,
+    max_length: PositiveInt | None = None,
+    num_jobs: PositiveInt = 1,
+    job_index: NonNegativeInt = 0,
+    device: str | None = None,
+    device_map: str | None = None,
+    chat_template_kwargs: dict | None = None,
+    count_pass: bool = True,
+    dry_run: bool = False,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Run the frozen target once over packed conversations and store its features (train with no target).
 
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
-    if not 0 <= args.job_index < args.num_jobs:
-        raise SystemExit(f"--job_index must be in [0, {args.num_jobs}), got {args.job_index}")
-    return write_cache(args)
+    Args:
+        target: hub id or local path of the target model (and tokenizer)
+        data: local .json/.jsonl files, dirs, globs (quoted), or a hub id; one or a list
+        output: cache directory (index.json + features-NNNNN.safetensors)
+        seq_len: packed sequence length (as data.seq_len)
+        block_size: draft block size (skips rows with no anchor room)
+        batch_size: packed samples per target forward
+        layers: target layer ids to store (default: the DFlash spread for num_draft_layers)
+        num_draft_layers: for the default layers spread
+        dtype: storage dtype of the features
+        target_dtype: compute dtype of the target (auto = the checkpoint's)
+        shard_size: packed samples per safetensors shard
+        limit: write at most this many packed samples
+        max_length: truncate conversations to this many tokens
+        num_jobs: split the samples over this many parallel jobs
+        job_index: which of num_jobs this is (each its own output)
+        device: default: cuda if available, else cpu
+        device_map: e.g. auto: spread a large target over all GPUs
+        chat_template_kwargs: passed to the chat template, e.g. {"enable_thinking": false}
+        count_pass: count the packed samples first (a size estimate and a progress total)
+        dry_run: print the size estimate and stop
+        trust_remote_code: let transformers run the target's own modelling code
+    """
+    if not 0 <= job_index < num_jobs:
+        raise SystemExit(f"--job_index must be in [0, {num_jobs}), got {job_index}")
+    settings = dict(locals())
+    settings["data"] = [data] if isinstance(data, str) else list(data)  # the resume check compares lists
+    return write_cache(argparse.Namespace(**settings))

@@ -23,13 +23,13 @@ Design choices:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from safetensors.torch import save_file
 
 from dspark_lightning.data.datamodule import ShareGPTDataModule
@@ -162,49 +162,50 @@ def _limit_rows(batches, max_rows: int):
         yield {k: v[:take] for k, v in batch.items()}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dspark-lightning draft-vocab",
-        description="Build a draft vocabulary (the most frequent assistant tokens of a dataset) for model.draft_vocab.",
-    )
-    parser.add_argument("--tokenizer", required=True, help="the target's tokenizer (path or hub id)")
-    parser.add_argument("--data", required=True, nargs="+", help="ShareGPT files / globs / dirs, or a hub dataset id")
-    parser.add_argument("--size", required=True, type=int, help="draft vocabulary size Vd")
-    parser.add_argument("--output", required=True, help="output .safetensors file")
-    parser.add_argument("--vocab_size", type=int, default=None, help="verifier vocabulary V (default: model config)")
-    parser.add_argument("--seq_len", type=int, default=4096, help="longest conversation counted (tokens)")
-    parser.add_argument("--max_rows", type=int, default=None, help="stop after this many packed rows")
-    parser.add_argument("--always_include", type=int, nargs="*", default=[], help="extra ids to force in")
-    parser.add_argument("--mask_token", default=None, help="mask token when the tokenizer defines none")
-    parser.add_argument("--trust_remote_code", action="store_true")
-    return parser
+def draft_vocab_command(
+    tokenizer: str,
+    data: list[str] | str,
+    size: PositiveInt,
+    output: str,
+    vocab_size: PositiveInt | None = None,
+    seq_len: PositiveInt = 4096,
+    max_rows: PositiveInt | None = None,
+    always_include: list[NonNegativeInt] = [],  # noqa: B006 (read only; jsonargparse shows it)
+    mask_token: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """Build a reduced draft vocabulary (d2t/t2d) from the assistant-token frequencies of a dataset.
 
-
-def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    data = args.data[0] if len(args.data) == 1 else args.data
+    Args:
+        tokenizer: the target's tokenizer (path or hub id)
+        data: ShareGPT files / globs (quoted) / dirs, or a hub dataset id; one or a list
+        size: draft vocabulary size Vd
+        output: output .safetensors file (for model.draft_vocab)
+        vocab_size: verifier vocabulary V (default: the model config's)
+        seq_len: longest conversation counted (tokens)
+        max_rows: stop after this many packed rows
+        always_include: extra token ids to force in
+        mask_token: mask token when the tokenizer defines none
+        trust_remote_code: let transformers run the tokenizer's own code
+    """
     vocab, counts, summary = build_draft_vocab(
-        args.tokenizer,
+        tokenizer,
         data,
-        args.size,
-        vocab_size=args.vocab_size,
-        seq_len=args.seq_len,
-        max_rows=args.max_rows,
-        always_include=args.always_include,
-        mask_token=args.mask_token,
-        trust_remote_code=args.trust_remote_code,
+        size,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        max_rows=max_rows,
+        always_include=always_include,
+        mask_token=mask_token,
+        trust_remote_code=trust_remote_code,
     )
-    save_draft_vocab(vocab, args.output, counts, {k: v for k, v in summary.items() if k != "bad_records"})
-    summary["output"] = str(args.output)
+    save_draft_vocab(vocab, output, counts, {k: v for k, v in summary.items() if k != "bad_records"})
+    summary["output"] = str(output)
     print(
         f"draft vocabulary of {summary['draft_vocab_size']} / {summary['verifier_vocab_size']} tokens covers "
         f"{summary['coverage']:.2%} of {summary['supervised_tokens']} supervised tokens "
-        f"({summary['distinct_tokens']} distinct) -> {args.output}"
+        f"({summary['distinct_tokens']} distinct) -> {output}"
     )
     if summary["bad_records"]:
         print(f"skipped records: {summary['bad_records']}")
     return summary
-
-
-if __name__ == "__main__":
-    main()

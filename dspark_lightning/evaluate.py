@@ -1,7 +1,8 @@
 """Post-training tools over a Lightning checkpoint: ``decode`` (measured speculative decoding) and ``calibrate``.
 
-    dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt [--modes parallel markov selector]
-                            [--temperature 0.7] [--thresholds 0.3 0.6] [--num_prompts 16] [--max_new_tokens 64]
+    dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
+        [--modes '[parallel,markov,selector]'] [--temperature 0.7] [--thresholds '[0.3,0.6]'] [--num_prompts 16]
+        [--max_new_tokens 64]
     dspark-lightning calibrate --ckpt_path ... [--output calibrated.ckpt]
 
 Both rebuild the model (``lightning.checkpoint.load_checkpoint_module``, read with ``weights_only=True``: our
@@ -17,18 +18,24 @@ after, and writes a checkpoint whose drafter carries the temperatures (``confide
 
 from __future__ import annotations
 
-import argparse
 import math
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
+from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_number_type
 
 from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
-from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
+from dspark_lightning.decoding import (
+    DecodeStats,
+    best_verify_length,
+    measure_speedup,
+    speculative_generate,
+    supported_modes,
+)
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
-from dspark_lightning.decoding.identity import check_identity
+from dspark_lightning.decoding.identity import check_identity as replay_decode  # the option is check_identity
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.step import evaluation_steps
 
@@ -197,94 +204,72 @@ def print_decode_table(rows, title: str) -> None:
         )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+# jsonargparse checks these at parse time, naming the option and the restriction (nan fails every comparison)
+Temperature = restricted_number_type("FiniteNonNegativeFloat", float, [(">=", 0), ("<", math.inf)])
+Mode = Literal["parallel", "markov", "selector"]
 
 
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"a confidence threshold must be a number in [0, 1], got {text!r}")
-    return value
+def decode_command(
+    ckpt_path: str,
+    modes: list[Mode] = ["parallel", "markov", "selector"],  # noqa: B006 (read only; jsonargparse shows it)
+    k: PositiveInt = 16,
+    temperature: Temperature = 0.0,
+    thresholds: list[ClosedUnitInterval] = [],  # noqa: B006
+    cost_model: bool = False,
+    baseline: bool = True,
+    num_prompts: PositiveInt = 8,
+    max_new_tokens: PositiveInt = 64,
+    val_files: str | None = None,
+    json: str | None = None,
+    check_identity: bool = False,
+    gap_table: str | None = None,
+) -> list[dict]:
+    """Measured speculative decoding of a checkpoint on the eval prompts (a table per mode and threshold).
 
-
-def _temperature(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def decode_main(argv: Sequence[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="dspark-lightning decode", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt_path", required=True, help="checkpoint written by `dspark-lightning fit`")
-    parser.add_argument("--modes", nargs="+", default=["parallel", "markov", "selector"], help="draft modes to run")
-    parser.add_argument("--k", type=_positive_int, default=16, help="Selector candidates per slot")
-    parser.add_argument(
-        "--temperature", type=_temperature, default=0.0, help="0 = greedy; > 0 = lossless rejection sampling"
-    )
-    parser.add_argument(
-        "--thresholds", nargs="*", type=_probability, default=[], help="confidence thresholds in [0, 1]"
-    )
-    parser.add_argument(
-        "--cost_model",
-        action="store_true",
-        help="also schedule by the cost model: verify the n maximising (1 + sum a_j) / T(n), T measured on the target",
-    )
-    parser.add_argument(
-        "--baseline",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="greedy only: time the target's own generate alternately with each run, report speedup, check outputs",
-    )
-    parser.add_argument("--num_prompts", type=_positive_int, default=8, help="eval prompts from the validation data")
-    parser.add_argument("--max_new_tokens", type=_positive_int, default=64, help="at least 1 (one verify step)")
-    parser.add_argument("--val_files", default=None, help="override the checkpoint's validation files")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    parser.add_argument(
-        "--check_identity",
-        action="store_true",
-        help="replay each greedy decode through the training forward (same anchors, own previous tokens): blocks "
-        "and tau must agree on every prompt, else exit non-zero; with --gap_table FILE also write the gap table",
-    )
-    parser.add_argument("--gap_table", default=None, help="with --check_identity: write the train/serve gap (markdown)")
-    args = parser.parse_args(argv)
-
-    module, data = load_trained(args.ckpt_path, val_files=args.val_files, num_eval_prompts=args.num_prompts)
+    Args:
+        ckpt_path: checkpoint written by `dspark-lightning fit`
+        modes: draft modes to run (a mode the Markov head does not support is skipped)
+        k: Selector candidates per slot
+        temperature: 0 = greedy; > 0 = lossless rejection sampling
+        thresholds: confidence thresholds in [0, 1], each one more row per mode
+        cost_model: also schedule by the cost model: verify the n maximising (1 + sum a_j) / T(n), T measured on
+            the target
+        baseline: greedy only: time the target's own generate alternately with each run, report speedup, check
+            outputs
+        num_prompts: eval prompts from the validation data
+        max_new_tokens: tokens generated per prompt (at least 1: one verify step)
+        val_files: override the checkpoint's validation files
+        json: also write the rows to this JSON file
+        check_identity: replay each greedy decode through the training forward (same anchors, own previous tokens):
+            blocks and tau must agree on every prompt, else exit non-zero; with gap_table also write the gap table
+        gap_table: with check_identity: write the train/serve gap decomposition (markdown) to this file
+    """
+    module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
     head = module.drafter.markov_head
-    modes = [
-        m
-        for m in args.modes
-        if m == "parallel" or (head is not None and (m != "selector" or not head.is_path_dependent))
-    ]
-    skipped = sorted(set(args.modes) - set(modes))
+    runnable = [m for m in modes if m in supported_modes(head)]
+    skipped = sorted(set(modes) - set(runnable))
     if skipped:
         print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
-    prompts = data.eval_prompts()[: args.num_prompts]
+    prompts = data.eval_prompts()[:num_prompts]
     if not prompts:
         raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
-    if args.check_identity:
-        return identity_main(module, data, prompts, modes, args.max_new_tokens, args.k, args.gap_table)
-    schedules = [None, *args.thresholds]
-    if args.cost_model:
+    if check_identity:
+        return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table)
+    schedules = [None, *thresholds]
+    if cost_model:
         from dspark_lightning.decoding import measure_verify_cost
 
         cost = measure_verify_cost(module.target, max_block=module.hparams.block_size)
         print(f"measured verify cost T(n) = {cost[0] * 1e3:.2f} ms + {cost[1] * 1e3:.3f} ms * n")
         schedules.append(("cost", *cost))
-    if args.baseline and args.temperature > 0:
+    if baseline and temperature > 0:
         print("--baseline compares greedy outputs: skipped at temperature > 0")
-    rows = decode_table(
-        module, prompts, modes, args.temperature, schedules, args.max_new_tokens, args.k, baseline=args.baseline
-    )
-    print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {args.temperature}")
-    if args.cost_model:
+    rows = decode_table(module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline)
+    print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {temperature}")
+    if cost_model:
         print_verify_length_table(verify_length_table(rows, cost), cost)
-    if args.json:
-        Path(args.json).write_text(dumps_json(rows, indent=2))
+    if json:
+        Path(json).write_text(dumps_json(rows, indent=2))
     return rows
 
 
@@ -294,7 +279,7 @@ def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap
     rows = []
     for index, prompt in enumerate(prompts):
         for mode in modes:
-            result = check_identity(module.target, module.drafter, prompt, max_new_tokens, mode, k)
+            result = replay_decode(module.target, module.drafter, prompt, max_new_tokens, mode, k)
             rows.append(dict(prompt=index, **vars(result), ok=result.ok))
             print(
                 f"prompt {index} {mode}: {result.steps} blocks {'equal' if result.blocks_equal else 'DIFFER'}, "
@@ -331,32 +316,31 @@ def collect_confidence_blocks(module, dataloader, max_batches: int):
     return torch.cat(logits), torch.cat(alphas), torch.cat(valids)
 
 
-def calibrate_main(argv: Sequence[str] | None = None) -> dict:
+def calibrate_command(ckpt_path: str, output: str | None = None, max_batches: PositiveInt = 32) -> dict:
+    """Fit per-slot confidence temperatures (sequential temperature scaling) and write a calibrated checkpoint.
+
+    Args:
+        ckpt_path: checkpoint written by `dspark-lightning fit`
+        output: calibrated checkpoint (default: <ckpt>.calibrated.ckpt)
+        max_batches: validation batches used for fitting (at least 1)
+    """
     from dspark_lightning.calibration import fit_sequential_temperatures
     from dspark_lightning.checks import read_checkpoint
 
-    parser = argparse.ArgumentParser(prog="dspark-lightning calibrate", description="sequential temperature scaling")
-    parser.add_argument("--ckpt_path", required=True)
-    parser.add_argument("--output", default=None, help="calibrated checkpoint (default: <ckpt>.calibrated.ckpt)")
-    parser.add_argument(
-        "--max_batches", type=_positive_int, default=32, help="validation batches used for fitting (at least 1)"
-    )
-    args = parser.parse_args(argv)
-
-    module, data = load_trained(args.ckpt_path)
+    module, data = load_trained(ckpt_path)
     if module.drafter.confidence_head is None:
         raise SystemExit("this drafter has no confidence head: nothing to calibrate")
     data.setup("validate")
-    logits, alpha, valid = collect_confidence_blocks(module, data.val_dataloader(), args.max_batches)
+    logits, alpha, valid = collect_confidence_blocks(module, data.val_dataloader(), max_batches)
     if not bool(valid.any()):
         raise ValueError("no valid validation block to calibrate on: check val_files / --max_batches")
     temperatures, ece = fit_sequential_temperatures(logits, alpha, valid)
     first = module.drafter_config.first_trained_slot
     module.drafter.confidence_temperature[first:] = temperatures
     check_finite_state({"confidence_temperature": module.drafter.confidence_temperature}, "calibrate")
-    checkpoint = read_checkpoint(args.ckpt_path)
+    checkpoint = read_checkpoint(ckpt_path)
     checkpoint["state_dict"]["drafter.confidence_temperature"] = module.drafter.confidence_temperature.clone()
-    output = args.output or str(Path(args.ckpt_path).with_suffix(".calibrated.ckpt"))
+    output = output or str(Path(ckpt_path).with_suffix(".calibrated.ckpt"))
     torch.save(checkpoint, output)
     result = {"temperatures": temperatures.tolist(), **ece, "blocks": int(logits.shape[0]), "output": output}
     print(dumps_json(result, indent=2))  # strict JSON: an undefined ECE is null, never NaN

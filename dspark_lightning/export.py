@@ -8,14 +8,15 @@ read with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import torch
+from jsonargparse.typing import PositiveInt
 from safetensors.torch import save_file
 
 from dspark_lightning import checks
@@ -127,7 +128,7 @@ def export_checkpoint(
     """
     output = Path(output_dir)
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
-        raise FileExistsError(f"--output {str(output)!r} exists and is not empty: pass --overwrite to replace it")
+        raise FileExistsError(f"--output {str(output)!r} exists and is not empty: pass --overwrite true to replace it")
     module = load_checkpoint_module(ckpt_path, target)
     hp = module.hparams
     if verifier_name_or_path is None and Path(hp.target).is_dir():
@@ -156,52 +157,45 @@ def export_checkpoint(
 
 
 # ---------------------------------------------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dspark-lightning export",
-        description="Export a trained drafter to the speculators DSpark format (config.json + model.safetensors) "
-        "that vLLM serves.",
-    )
-    parser.add_argument("--ckpt_path", "--ckpt-path", required=True, help="Lightning checkpoint (e.g. last.ckpt)")
-    parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="bfloat16", help="tensor dtype")
-    parser.add_argument("--verifier", default=None, help="verifier hub id or path to record (default: the target)")
-    parser.add_argument(
-        "--candidate-selector",
-        "--candidate_selector",
-        action="store_true",
-        help="write a DFlash-2 form head in the CandidateSelector layout (predecessor/successor codebooks)",
-    )
-    parser.add_argument("--selector-top-k", "--selector_top_k", type=int, default=None, help="default: candidate_k")
-    parser.add_argument("--target", default=None, help="load the target from here instead of the recorded path")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace a non-empty --output directory (no stale files are left)"
-    )
-    return parser
+def export_command(
+    ckpt_path: str,
+    output: str,
+    dtype: Literal["bfloat16", "float32"] = "bfloat16",
+    verifier: str | None = None,
+    candidate_selector: bool = False,
+    selector_top_k: PositiveInt | None = None,
+    target: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a checkpoint in the speculators DSpark format (config.json + model.safetensors) that vLLM serves.
 
-
-def main(argv: list[str] | None = None) -> Path:
-    args = build_parser().parse_args(argv)
-    output = export_checkpoint(
-        args.ckpt_path,
-        args.output,
-        verifier_name_or_path=args.verifier,
-        dtype=args.dtype,
-        candidate_selector=args.candidate_selector,
-        selector_top_k=args.selector_top_k,
-        target=args.target,
-        overwrite=args.overwrite,
+    Args:
+        ckpt_path: Lightning checkpoint (e.g. last.ckpt)
+        output: output directory
+        dtype: tensor dtype
+        verifier: verifier hub id or path to record (default: the target)
+        candidate_selector: write a DFlash-2 form head in the CandidateSelector layout (predecessor/successor
+            codebooks)
+        selector_top_k: candidates of the CandidateSelector (default: candidate_k)
+        target: load the target from here instead of the recorded path
+        overwrite: replace a non-empty output directory (no stale files are left)
+    """
+    written = export_checkpoint(
+        ckpt_path,
+        output,
+        verifier_name_or_path=verifier,
+        dtype=dtype,
+        candidate_selector=candidate_selector,
+        selector_top_k=selector_top_k,
+        target=target,
+        overwrite=overwrite,
     )
-    config = json.loads((output / CONFIG_NAME).read_text())
+    config = json.loads((written / CONFIG_NAME).read_text())
     head = config["markov_head_type"] if config["markov_rank"] else "none"
     head = "candidate selector" if config.get("dflash2_candidate_selector") else head
     print(
-        f"exported to {output}: {CONFIG_NAME} + {WEIGHTS_NAME} ({args.dtype}), verifier "
+        f"exported to {written}: {CONFIG_NAME} + {WEIGHTS_NAME} ({dtype}), verifier "
         f"{config['speculators_config']['verifier']['name_or_path']!r}, block {config['block_size']}, "
         f"markov head {head}, draft vocab {config['draft_vocab_size']}"
     )
-    return output
-
-
-if __name__ == "__main__":
-    main()
+    return written

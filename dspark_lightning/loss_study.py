@@ -1,16 +1,17 @@
 """``dspark-lightning loss-study``: train the same head with each drafter loss, over several seeds, and compare.
 
     dspark-lightning loss-study --output reports/loss_study                      # the committed study
-    dspark-lightning loss-study --output /tmp/s --losses kl nla --seeds 0 --steps 4   # a quick look
+    dspark-lightning loss-study --output /tmp/s --losses '[kl,nla]' --seeds '[0]' --budget.steps 4   # a quick look
 
 Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``
 trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluate` (same budget, data and measuring
 code as ``dspark-lightning report``); with ``--recipe smollm2`` the base config is ``configs/smollm2_sharegpt.yaml``
 (SmolLM2-135M-Instruct from its offline feature cache, trained and measured by ``report-smollm2``'s functions, without
-its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's), with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so
-seeds change the initialisation, the anchors and the data order. Runs go seed by seed; after the first seed's pass
-over the listed losses, the one with the highest teacher-forced tau is trained with D-PACE position weighting
-(``--model.position_weighting dpace``) in every pass. The report is rewritten after every run.
+its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's),
+with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so seeds change the initialisation, the
+anchors and the data order. Runs go seed by seed; after the first seed's pass over the listed losses, the one with
+the highest teacher-forced tau is trained with D-PACE position weighting (``--model.position_weighting dpace``;
+``--dpace false`` skips it) in every pass. The report is rewritten after every run.
 
 Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
 rate per slot of real greedy speculative decoding with the target. Per loss: mean and sample standard deviation over
@@ -23,7 +24,6 @@ progress log) into ``--output``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -32,11 +32,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from dspark_lightning.analysis import REPO_ROOT, quieted
-from dspark_lightning.report import BUDGET_HELP, Budget, train_and_evaluate
+from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
+from dspark_lightning.report import Budget, train_and_evaluate
 from dspark_lightning.report_smollm2 import evaluate_head, fit_head
 
 LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
@@ -378,7 +380,7 @@ def run_study(
     return study
 
 
-def rerender(output: str | Path) -> dict:
+def rerender_study(output: str | Path) -> dict:
     """Rewrite report.md and loss_study.png from an existing results.json (no training; the numbers are kept)."""
     output = Path(output)
     study = json.loads((output / "results.json").read_text())
@@ -393,52 +395,56 @@ def rerender(output: str | Path) -> dict:
     return study
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    defaults = Budget()
-    parser = argparse.ArgumentParser(
-        prog="dspark-lightning loss-study",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
-    parser.add_argument("--output", required=True, help="directory for report.md, results.json, the PNG and log.txt")
-    parser.add_argument("--losses", nargs="+", default=list(DEFAULT_LOSSES), choices=list(LOSS_CONFIGS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds per loss (default 0 1)")
-    parser.add_argument("--recipe", default="demo", choices=list(RECIPES), help="demo target or SmolLM2 (default demo)")
-    parser.add_argument("--head", default="vanilla", help="Markov head (configs/heads/<name>.yaml; default vanilla)")
-    parser.add_argument("--block_size", type=int, default=8, help="draft block size B (default 8)")
-    parser.add_argument("--no_dpace", action="store_true", help="skip the D-PACE run of the best loss")
-    parser.add_argument("--runs_dir", default=None, help="keep the run directories here (default: a deleted temp dir)")
-    for name, value in vars(defaults).items():
-        parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{BUDGET_HELP[name]} (default {value})")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--rerender", action="store_true", help="only rewrite report.md + PNG from results.json")
-    args, extra = parser.parse_known_args(argv)  # anything else (--model.x, --data.y) goes to every fit
-    if args.rerender:
-        return rerender(args.output)
-    budget = Budget(**{name: getattr(args, name) for name in vars(defaults)})
-    command = ("dspark-lightning loss-study " + " ".join(argv if argv is not None else [])).strip()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
+def loss_study_command(
+    output: str,
+    losses: list[str] = list(DEFAULT_LOSSES),  # noqa: B006 (read only; jsonargparse shows it)
+    seeds: list[NonNegativeInt] = [0, 1],  # noqa: B006
+    recipe: Literal["demo", "smollm2"] = "demo",
+    head: str = "vanilla",
+    block_size: PositiveInt = 8,
+    dpace: bool = True,
+    runs_dir: str | None = None,
+    budget: Budget = Budget(),  # noqa: B008 (frozen: never changed)
+    threads: PositiveInt = 1,
+    rerender: bool = False,
+    fit_args: list[str] = [],  # noqa: B006
+) -> dict:
+    """Train one head with each drafter loss (several seeds) and write a loss study.
+
+    Args:
+        output: directory for report.md, results.json, the PNG and log.txt
+        losses: drafter losses (configs/losses/<name>.yaml; names as in LOSS_CONFIGS)
+        seeds: seeds per loss
+        recipe: demo (configs/quickstart.yaml) or smollm2 (configs/smollm2_sharegpt.yaml: SmolLM2-135M-Instruct from
+            its feature cache; only budget.steps and the evaluation sizes apply)
+        head: Markov head (configs/heads/<name>.yaml)
+        block_size: draft block size B
+        dpace: after the losses, train the best one once more with D-PACE position weighting
+        runs_dir: keep the run directories here (default: a deleted temporary directory)
+        budget: training and evaluation sizes of every run
+        threads: torch CPU threads
+        rerender: only rewrite report.md and the PNG from results.json
+        fit_args: more fit options for every run, e.g. [--model.max_anchors=32]
+    """
+    if rerender:
+        return rerender_study(output)
+    command = command_line("loss-study", loss_study_command, dict(locals()))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         with quieted():
             return run_study(
-                args.output,
-                args.losses,
-                args.seeds,
+                output,
+                losses,
+                seeds,
                 budget,
-                head=args.head,
-                block_size=args.block_size,
-                dpace=not args.no_dpace,
-                runs_dir=args.runs_dir,
+                head=head,
+                block_size=block_size,
+                dpace=dpace,
+                runs_dir=runs_dir,
                 command=command,
-                recipe=args.recipe,
-                extra=extra,
+                recipe=recipe,
+                extra=fit_args,
             )
     finally:
-        torch.set_num_threads(threads)
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+        torch.set_num_threads(previous)

@@ -1,10 +1,10 @@
 """``dspark-lightning report``: train the Markov-head variants on the demo and write a one-page experiment report.
 
     dspark-lightning report --output reports/demo                       # none/vanilla/gated/rnn x B = 8, 16
-    dspark-lightning report --output /tmp/r --heads none vanilla --block_sizes 8 --steps 40   # a quick look
+    dspark-lightning report --output /tmp/r --heads '[none,vanilla]' --block_sizes '[8]' --budget.steps 40  # quick
 
-For every (head, block size) it runs ``fit`` through the real CLI (``cli_main``: the run is exactly what a user gets
-from ``dspark-lightning fit --config configs/quickstart.yaml --config configs/heads/<head>.yaml``, shrunk by
+For every (head, block size) it runs ``fit`` through the real CLI (``lightning_main``: the run is exactly what a user
+gets from ``dspark-lightning fit --config configs/quickstart.yaml --config configs/heads/<head>.yaml``, shrunk by
 overrides) and then measures, on the same model object:
 
 - teacher-forced tau and greedy tau on the validation blocks (the last validation of ``fit``);
@@ -21,7 +21,8 @@ It writes ``report.md`` (tables + how it was made), ``results.json`` (every numb
 Design choices:
 - Sizes are CPU sizes: sequence length 128, 4 rows, 16 anchors, one thread (``torch.set_num_threads(1)``; the demo
   machine has 2 shared cores). The default budget (600 steps per variant, 8 variants) takes about a quarter of an
-  hour there. Flags change every budget knob; ``--steps 40 --heads none vanilla --block_sizes 8`` is a smoke test.
+  hour there. ``--budget.*`` changes every budget knob; ``--budget.steps 40 --heads '[none,vanilla]'
+  --block_sizes '[8]'`` is a smoke test.
 - Every variant uses the same seed, data order and budget, so differences are the heads' (and noise: single seeds,
   short runs; the report says so).
 - Run directories (CSV logs, ``last.ckpt``, plots) go to a temporary directory that is deleted afterwards unless
@@ -34,7 +35,6 @@ Design choices:
 
 from __future__ import annotations
 
-import argparse
 import math
 import shutil
 import tempfile
@@ -42,11 +42,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
+from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.analysis import (
     collect_blocks,
+    command_line,
     demo_fit_args,
     heldout_calibration,
     measured_decoding,
@@ -54,6 +57,7 @@ from dspark_lightning.analysis import (
 )
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import supported_modes
+from dspark_lightning.lightning.cli import lightning_main
 from dspark_lightning.selector import equivalence_report
 
 HEADS = ("none", "vanilla", "gated", "rnn")
@@ -114,46 +118,43 @@ def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: in
 
 
 # ---------------------------------------------------------------------------------------------------- the report
-@dataclass
+@dataclass(frozen=True)
 class Budget:
-    """Training and evaluation sizes of one variant (the CLI flags of ``dspark-lightning report``)."""
+    """Training and evaluation sizes of one variant (``--budget.*`` of ``dspark-lightning report``).
 
-    steps: int = 600
-    seq_len: int = 128
-    batch_size: int = 4
-    max_anchors: int = 16
-    val_samples: int = 64
-    val_batches: int = 8
-    num_prompts: int = 16
-    max_new_tokens: int = 96
-    k: int = 16
-    max_blocks: int = 512
+    Args:
+        steps: optimizer steps per variant
+        seq_len: packed tokens per row
+        batch_size: packed rows per step
+        max_anchors: blocks sampled per row per step
+        val_samples: validation conversations (the first N, file order)
+        val_batches: validation batches
+        num_prompts: eval prompts for measured speculative decoding
+        max_new_tokens: tokens generated per eval prompt
+        k: Selector candidates per slot (agreement@k, selector mode)
+        max_blocks: validation blocks for the Selector and calibration measurements
+    """
 
-
-BUDGET_HELP = {
-    "steps": "optimizer steps per variant",
-    "seq_len": "packed tokens per row",
-    "batch_size": "packed rows per step",
-    "max_anchors": "blocks sampled per row per step",
-    "val_samples": "validation conversations (the first N, file order)",
-    "val_batches": "validation batches",
-    "num_prompts": "eval prompts for measured speculative decoding",
-    "max_new_tokens": "tokens generated per eval prompt",
-    "k": "Selector candidates per slot (agreement@k, selector mode)",
-    "max_blocks": "validation blocks for the Selector and calibration measurements",
-}
+    steps: PositiveInt = 600
+    seq_len: PositiveInt = 128
+    batch_size: PositiveInt = 4
+    max_anchors: PositiveInt = 16
+    val_samples: PositiveInt = 64
+    val_batches: PositiveInt = 8
+    num_prompts: PositiveInt = 16
+    max_new_tokens: PositiveInt = 96
+    k: PositiveInt = 16
+    max_blocks: PositiveInt = 512
 
 
 def train_and_evaluate(
     runs_dir: Path, head: str, block_size: int, budget: Budget, extra: Sequence[str] = (), name: str | None = None
 ) -> dict:
-    """Fit one variant through ``cli_main`` and measure it; returns one result row.
+    """Fit one variant through ``lightning_main`` (what ``dspark-lightning fit`` runs) and measure it; one result row.
 
     ``extra``: more ``fit`` arguments (e.g. a loss config and seeds, as ``dspark-lightning loss-study`` passes);
     ``name``: the run's directory name under ``runs_dir`` (default ``<head>_b<B>``).
     """
-    from dspark_lightning.cli import cli_main
-
     args = demo_fit_args(
         runs_dir,
         head=head,
@@ -169,7 +170,7 @@ def train_and_evaluate(
         extra=extra,
     )
     start = time.perf_counter()
-    cli = cli_main(["fit", *args])
+    cli = lightning_main(["fit", *args])
     fit_seconds = time.perf_counter() - start
     start = time.perf_counter()
     row = evaluate_variant(
@@ -364,33 +365,29 @@ def run_report(
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-    defaults = Budget()
-    parser = argparse.ArgumentParser(
-        prog="dspark-lightning report",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
-    parser.add_argument("--output", required=True, help="directory for report.md, results.json and the PNGs")
-    parser.add_argument("--heads", nargs="+", default=list(HEADS), help="Markov heads (configs/heads/<name>.yaml)")
-    parser.add_argument("--block_sizes", nargs="+", type=int, default=[8, 16], help="draft block sizes B")
-    parser.add_argument("--runs_dir", default=None, help="keep the run directories here (default: a deleted temp dir)")
-    for name, value in vars(defaults).items():
-        parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{BUDGET_HELP[name]} (default {value})")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    args = parser.parse_args(argv)
-    budget = Budget(**{name: getattr(args, name) for name in vars(defaults)})
-    command = "dspark-lightning report " + " ".join(argv if argv is not None else [])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
+def report_command(
+    output: str,
+    heads: list[Literal["none", "vanilla", "gated", "rnn", "selector"]] = list(HEADS),  # noqa: B006 (read only)
+    block_sizes: list[PositiveInt] = [8, 16],  # noqa: B006
+    runs_dir: str | None = None,
+    budget: Budget = Budget(),  # noqa: B008 (frozen: never changed)
+    threads: PositiveInt = 1,
+) -> list[dict]:
+    """Train every Markov head x block size on the demo and write report.md, results.json and plots.
+
+    Args:
+        output: directory for report.md, results.json and the PNGs
+        heads: Markov heads (configs/heads/<name>.yaml)
+        block_sizes: draft block sizes B
+        runs_dir: keep the run directories here (default: a deleted temporary directory)
+        budget: training and evaluation sizes of every variant
+        threads: torch CPU threads
+    """
+    command = command_line("report", report_command, dict(locals()))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         with quieted():
-            return run_report(args.output, args.heads, args.block_sizes, budget, args.runs_dir, command.strip())
+            return run_report(output, heads, block_sizes, budget, runs_dir, command)
     finally:
-        torch.set_num_threads(threads)
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+        torch.set_num_threads(previous)

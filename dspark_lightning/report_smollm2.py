@@ -1,7 +1,7 @@
 """``dspark-lightning report-smollm2``: train every head on the SmolLM2-135M-Instruct recipe and measure it.
 
     dspark-lightning report-smollm2 --output reports/smollm2                    # none/vanilla/gated/rnn/selector
-    dspark-lightning report-smollm2 --output /tmp/r --heads none vanilla --steps 20 --num_prompts 2   # a smoke run
+    dspark-lightning report-smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2   # a smoke run
 
 Each head is trained by ``fit`` with ``configs/smollm2_sharegpt.yaml`` + ``configs/heads/<head>.yaml`` (from the
 offline feature cache), then re-loaded with the full 30-layer target (``target_features="online"``) and measured by
@@ -15,19 +15,22 @@ alternately prompt by prompt in one process, with the outputs checked equal, and
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
 
 import torch
+from jsonargparse.typing import PositiveInt
 
-from dspark_lightning.analysis import REPO_ROOT, quieted
+from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import measure_speedup
+from dspark_lightning.lightning.cli import lightning_main
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
@@ -36,8 +39,6 @@ CONFIG = REPO_ROOT / "configs/smollm2_sharegpt.yaml"
 
 
 def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str], name: str | None = None):
-    from dspark_lightning.cli import cli_main
-
     args = ["fit", "--config", str(CONFIG)]
     if head != "vanilla":
         args += ["--config", str(REPO_ROOT / f"configs/heads/{head}.yaml")]
@@ -49,7 +50,7 @@ def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str], name: str 
         f"--trainer.logger.name={name or head}",
         *extra,
     ]
-    return cli_main(args)
+    return lightning_main(args)
 
 
 def evaluate_head(
@@ -131,20 +132,37 @@ def break_even(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="dspark-lightning report-smollm2", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", required=True, help="directory for report.md, results.json and the PNGs")
-    parser.add_argument("--heads", nargs="+", default=list(HEADS), choices=HEADS)
-    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per head")
-    parser.add_argument("--num_prompts", type=int, default=16, help="held-out prompts for decoding and wall clock")
-    parser.add_argument("--max_new_tokens", type=int, default=96, help="tokens generated per prompt")
-    parser.add_argument("--k", type=int, default=16, help="Selector candidates per slot")
-    parser.add_argument("--max_blocks", type=int, default=512, help="validation blocks for Selector and calibration")
-    parser.add_argument("--runs_dir", default=None, help="keep the run directories here (default: a deleted temp dir)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--rerender", action="store_true", help="rewrite report.md and the plots from results.json")
-    args, extra = parser.parse_known_args(argv)  # anything else (--model.x, --data.y) goes to every fit
-    args.command = "dspark-lightning report-smollm2 " + " ".join(argv if argv is not None else [])
+def report_smollm2_command(
+    output: str,
+    heads: list[Literal["none", "vanilla", "gated", "rnn", "selector"]] = list(HEADS),  # noqa: B006 (read only)
+    steps: PositiveInt = 1500,
+    num_prompts: PositiveInt = 16,
+    max_new_tokens: PositiveInt = 96,
+    k: PositiveInt = 16,
+    max_blocks: PositiveInt = 512,
+    runs_dir: str | None = None,
+    threads: PositiveInt = 1,
+    rerender: bool = False,
+    fit_args: list[str] = [],  # noqa: B006
+) -> list[dict]:
+    """Train every head on the SmolLM2-135M recipe; measured tau and wall clock against the target's generate.
+
+    Args:
+        output: directory for report.md, results.json and the PNGs
+        heads: Markov heads to train (configs/heads/<name>.yaml); rows of other heads already in output are kept
+        steps: optimizer steps per head
+        num_prompts: held-out prompts for decoding and wall clock
+        max_new_tokens: tokens generated per prompt
+        k: Selector candidates per slot
+        max_blocks: validation blocks for the Selector and calibration
+        runs_dir: keep the run directories here (default: a deleted temporary directory)
+        threads: torch CPU threads
+        rerender: rewrite report.md and the plots from results.json
+        fit_args: more fit options for every head, e.g. [--model.max_anchors=32]
+    """
+    args = SimpleNamespace(**locals())  # what markdown() reads (k, steps, command)
+    args.command = command_line("report-smollm2", report_smollm2_command, dict(vars(args)))
+    extra = fit_args
     torch.set_num_threads(args.threads)
     output = Path(args.output)
     if args.rerender:

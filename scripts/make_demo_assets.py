@@ -216,22 +216,22 @@ Final training loss {history[-1]["loss"]:.3f} after {history[-1]["step"]} steps.
 
 
 def make_regenerated(limit: int) -> None:
-    from dspark_lightning.data.regenerate import main as regenerate_main
+    from dspark_lightning.cli import cli_main
 
     for old in REGENERATED_DIR.glob("*.jsonl"):
         old.unlink()
     argv = [
         "--target", str(TARGET_DIR.relative_to(REPO_ROOT)),
-        "--data", *(str(p.relative_to(REPO_ROOT)) for p in train_paths()),
+        "--data", "[" + ",".join(str(p.relative_to(REPO_ROOT)) for p in train_paths()) + "]",
         "--output", str(REGENERATED_DIR.relative_to(REPO_ROOT)),
-        "--max-new-tokens", str(REGENERATE["max_new_tokens"]),
-        "--batch-size", str(REGENERATE["batch_size"]),
-        "--shard-size", str(REGENERATE["shard_size"]),
+        "--max_new_tokens", str(REGENERATE["max_new_tokens"]),
+        "--batch_size", str(REGENERATE["batch_size"]),
+        "--shard_size", str(REGENERATE["shard_size"]),
         "--limit", str(limit),
         "--device", "cpu",
     ]  # fmt: skip
     start = time.time()
-    summary = regenerate_main(argv)
+    summary = cli_main(["regenerate", *argv])
     seconds = time.time() - start
     shards = sorted(REGENERATED_DIR.glob("*.jsonl"))
     rows = "\n".join(f"| {p.name} | {len(p.read_text().splitlines())} | {sha256(p)} |" for p in shards)
@@ -243,8 +243,7 @@ assistant turn rewritten by greedy generation of `assets/demo-target` (turn by t
 target's own earlier replies), made in {seconds:.0f} s on CPU by:
 
 ```bash
-dspark-lightning regenerate {" ".join(argv)}
-# equivalently: python -m dspark_lightning.data.regenerate ...
+dspark-lightning regenerate {shlex.join(argv)}
 ```
 
 Only a subset of the {sum(len(p.read_text().splitlines()) for p in train_paths())} training conversations is

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dspark_lightning.cache_writer import main as cache_main
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.cache import CachedFeatureDataset, bytes_per_sample
 from dspark_lightning.data.datamodule import ShareGPTDataModule
@@ -25,8 +24,8 @@ SEQ_LEN = 128
 
 def write_cache(output: Path, data: str = TRAIN, limit: int = 6, *extra: str) -> dict:
     args = ["--target", DEMO_TARGET, "--data", data, "--output", str(output), "--seq_len", str(SEQ_LEN)]
-    return cache_main(
-        [*args, "--batch_size", "2", "--shard_size", "4", "--limit", str(limit), "--device", "cpu", *extra]
+    return cli_main(
+        ["cache", *args, "--batch_size", "2", "--shard_size", "4", "--limit", str(limit), "--device", "cpu", *extra]
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from dspark_lightning.cli import cli_main
+from dspark_lightning.cli import TOOL_COMMANDS, cli_main, command_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
@@ -156,3 +158,88 @@ def test_every_head_config_trains(head, tmp_path):
         assert torch.isfinite(metrics["train/loss_candidate"])
     expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated"}[head]
     assert (cli.model.drafter.markov_head.head_type if cli.model.drafter.markov_head else None) == expected
+
+
+def expand(line: str, variables: dict[str, str]) -> str:
+    """``$NAME`` / ``"$NAME"`` replaced by the shell-quoted value assigned earlier in the same code block."""
+    return re.sub(r'"?\$(\w+)"?', lambda m: shlex.quote(variables[m[1]]) if m[1] in variables else m[0], line)
+
+
+def readme_commands() -> list[list[str]]:
+    """Every ``dspark-lightning`` command line of README's code blocks (``$B``/``$T``-style variables expanded,
+    ``[--optional ...]`` groups dropped)."""
+    readme = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", readme, re.S):
+        variables: dict[str, str] = {}
+        for line in block.replace("\\\n", " ").splitlines():
+            for name, value in re.findall(r"(\w+)=('[^']*'|[^;\s]+)", line.split("#")[0]):
+                variables[name] = value.strip("'")
+            words = shlex.split(expand(line, variables), comments=True)
+            starts = [i for i, word in enumerate(words) if word.endswith("dspark-lightning")]
+            if starts:
+                words = words[starts[0] + 1 :]
+                optional = [i for i, w in enumerate(words) if w.startswith("[--")]
+                for i in reversed(optional):  # "[--config X]": documented as optional, parsed without it
+                    end = next(j for j in range(i, len(words)) if words[j].endswith("]"))
+                    del words[i : end + 1]
+                commands.append(words)
+    return commands
+
+
+def test_every_readme_command_parses_through_the_command_table(capsys):
+    commands = readme_commands()
+    assert {c[0] for c in commands} >= (set(TOOL_COMMANDS) - {"report"}) | {"fit", "validate"}
+    for words in commands:
+        name, args = words[0], words[1:]
+        if name in TOOL_COMMANDS:  # parse only: a renamed or misspelled option is a usage error here
+            config = command_parser(name).parse_args(args)
+            assert config.as_dict().keys() >= {"config"}, words
+        else:
+            with pytest.raises(SystemExit) as exit_info:
+                cli_main([*words, "--print_config"])
+            assert exit_info.value.code == 0, words
+            capsys.readouterr()
+
+
+def test_every_command_takes_help_config_and_print_config(tmp_path, capsys):
+    for name in TOOL_COMMANDS:
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main([name, "--help"])
+        assert exit_info.value.code == 0 and "--config CONFIG" in capsys.readouterr().out
+    config = tmp_path / "decode.yaml"
+    config.write_text("ckpt_path: run/last.ckpt\nthresholds: [0.3, 0.6]\nmodes: [parallel]\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["decode", "--config", str(config), "--k", "4", "--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["thresholds"] == [0.3, 0.6] and printed["modes"] == ["parallel"] and printed["k"] == 4
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["nonsense"])
+    assert exit_info.value.code == 2 and "invalid choice: 'nonsense'" in capsys.readouterr().err
+
+
+def test_recorded_command_lines_parse_back_to_the_same_call():
+    """What report / loss-study / report-smollm2 write as "made by" parses, through the table, to the values given."""
+    from dspark_lightning.analysis import command_line
+    from dspark_lightning.report import Budget
+
+    calls = {
+        "report": {"output": "out dir", "heads": ["none", "gated"], "block_sizes": [8], "budget": Budget(steps=20)},
+        "loss-study": {"output": "o", "losses": ["kl"], "seeds": [0, 3], "dpace": False, "threads": 2},
+        "report-smollm2": {"output": "o", "heads": ["vanilla"], "fit_args": ["--model.max_anchors=32", "--x=[1,2]"]},
+    }
+    for name, given in calls.items():
+        parser = command_parser(name)
+        values = {**parser.get_defaults().as_dict(), **given}
+        values.pop("config")
+        line = command_line(name, TOOL_COMMANDS[name], values)
+        words = shlex.split(line)
+        assert words[:2] == ["dspark-lightning", name] and "--config" not in words
+        parsed = parser.parse_args(words[2:]).as_dict()
+        parsed.pop("config")
+        if "budget" in given:
+            given = {**given, "budget": vars(given["budget"])}
+        assert {k: parsed[k] for k in given} == given, line
+        assert all(f"--{k}" in line for k in given), line
+        assert ("--threads" in line) == ("threads" in given), line  # values equal to the defaults are left out

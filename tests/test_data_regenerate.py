@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dspark_lightning.data.regenerate import GreedyRegenerator, ResumableShardWriter, main, regenerate
+from dspark_lightning.cli import cli_main
+from dspark_lightning.data.regenerate import GreedyRegenerator, ResumableShardWriter, regenerate
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "assets" / "demo-target"
 CONVERSATIONS = [
@@ -78,9 +79,9 @@ def test_cli_main_and_shard_writer_roll_over(tmp_path):
     data = tmp_path / "in.jsonl"
     data.write_text("\n".join(json.dumps(c) for c in CONVERSATIONS) + "\n")
     out = tmp_path / "cli"
-    summary = main(
-        ["--target", str(DEMO_TARGET), "--data", str(data), "--output", str(out), "--max-new-tokens", "4",
-         "--batch-size", "4", "--shard-size", "2", "--device", "cpu"]
+    summary = cli_main(
+        ["regenerate", "--target", str(DEMO_TARGET), "--data", str(data), "--output", str(out),
+         "--max_new_tokens", "4", "--batch_size", "4", "--shard_size", "2", "--device", "cpu"]
     )  # fmt: skip
     assert summary["records_after"] == 3
     assert [len(p.read_text().splitlines()) for p in sorted(out.glob("*.jsonl"))] == [2, 1]

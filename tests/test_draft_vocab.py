@@ -15,8 +15,9 @@ from safetensors import safe_open
 from test_export import make_target_dir, train_and_checkpoint
 from transformers import AutoTokenizer
 
+from dspark_lightning.cli import cli_main
 from dspark_lightning.data.tokenize import ConversationEncoder
-from dspark_lightning.draft_vocab import count_tokens, main, select_draft_vocab, special_token_ids
+from dspark_lightning.draft_vocab import count_tokens, select_draft_vocab, special_token_ids
 from dspark_lightning.export import export_checkpoint, load_exported
 from dspark_lightning.lightning.module import load_draft_vocab
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
@@ -60,8 +61,18 @@ def write_corpus(path: Path) -> list[list[dict]]:
 def test_cli_counts_assistant_tokens_and_writes_a_vocab_the_module_reads(tmp_path):
     conversations = write_corpus(tmp_path / "chats.jsonl")
     output = tmp_path / "vocab" / "draft_vocab.safetensors"
-    summary = main(
-        ["--tokenizer", DEMO, "--data", str(tmp_path / "chats.jsonl"), "--size", "24", "--output", str(output)]
+    summary = cli_main(
+        [
+            "draft-vocab",
+            "--tokenizer",
+            DEMO,
+            "--data",
+            str(tmp_path / "chats.jsonl"),
+            "--size",
+            "24",
+            "--output",
+            str(output),
+        ]
     )
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO)
@@ -92,8 +103,9 @@ def test_a_draft_vocab_run_trains_and_exports(tmp_path):
     target_dir = make_target_dir(tmp_path / "target")
     vocab_path = tmp_path / "draft_vocab.safetensors"
     data = str(Path(DEMO).parent / "data" / "sharegpt" / "validation-00000.jsonl")
-    main(
+    cli_main(
         [
+            "draft-vocab",
             "--tokenizer",
             str(target_dir),
             "--data",

@@ -48,9 +48,8 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
             f"--ckpt_path={trained_checkpoint}",
             "--num_prompts=3",
             "--max_new_tokens=32",
-            "--thresholds",
-            "0.3",
-            "--cost_model",
+            "--thresholds=[0.3]",
+            "--cost_model=true",
             f"--json={out}",
         ]
     )
@@ -86,7 +85,7 @@ def test_decode_check_identity_on_a_trained_checkpoint(trained_checkpoint, tmp_p
             f"--ckpt_path={trained_checkpoint}",
             "--num_prompts=2",
             "--max_new_tokens=24",
-            "--check_identity",
+            "--check_identity=true",
             f"--gap_table={gap}",
         ]
     )

@@ -18,13 +18,13 @@ import torch
 from conftest import make_tiny_qwen3
 from safetensors import safe_open
 
+from dspark_lightning.cli import cli_main
 from dspark_lightning.export import (
     build_config,
     export_checkpoint,
     export_drafter,
     exported_tensors,
     load_exported,
-    main,
     read_checkpoint,
 )
 from dspark_lightning.models import (
@@ -350,7 +350,7 @@ def test_lightning_checkpoint_exports_through_the_cli(tmp_path):
     ckpt, module = train_and_checkpoint(tmp_path, target_dir, markov_head=GatedMarkov(rank=RANK))
     plain = torch.load(ckpt, map_location="cpu", weights_only=True)  # no pickled objects in our checkpoints
     assert markov_config_from(plain["hyper_parameters"]["markov_head"]) == GatedMarkov(rank=RANK)
-    out = main(["--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"), "--dtype", "float32"])
+    out = cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"), "--dtype", "float32"])
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == str(target_dir.resolve())
     assert config["markov_head_type"] == "gated" and config["block_size"] == B

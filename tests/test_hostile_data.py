@@ -163,24 +163,22 @@ def test_skip_warning_is_logged_once_not_every_pass(tmp_path, caplog):
 
 
 def test_draft_vocab_on_empty_or_unusable_input_fails(tmp_path):
-    from dspark_lightning.draft_vocab import main as draft_vocab_main
-
     empty, bad = tmp_path / "empty.jsonl", tmp_path / "bad.jsonl"
     empty.write_text("")
     bad.write_text('{"id": 1}\n')
     base = ["--tokenizer", TARGET, "--size", "64", "--output", str(tmp_path / "v.safetensors")]
     with pytest.raises(NotJSONError, match=r"every data file is empty: .*empty\.jsonl"):
-        draft_vocab_main([*base, "--data", str(empty)])
+        cli_main(["draft-vocab", *base, "--data", str(empty)])
     with pytest.raises(NoTrainableDataError, match=r"missing_conversations: 1"):
-        draft_vocab_main([*base, "--data", str(bad)])
+        cli_main(["draft-vocab", *base, "--data", str(bad)])
     assert not (tmp_path / "v.safetensors").exists()
 
 
 def test_cache_over_only_bad_records_fails(tmp_path):
-    from dspark_lightning.cache_writer import main as cache_main
-
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{"messages": "hi"}\n')
     with pytest.raises(NoTrainableDataError, match=r"missing_conversations: 1.*conversations_not_a_list: 1"):
-        cache_main(["--target", TARGET, "--data", str(bad), "--output", str(tmp_path / "cache"), "--device", "cpu"])
+        cli_main(
+            ["cache", "--target", TARGET, "--data", str(bad), "--output", str(tmp_path / "cache"), "--device", "cpu"]
+        )
     assert not (tmp_path / "cache" / "index.json").exists()

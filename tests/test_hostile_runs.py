@@ -41,33 +41,34 @@ def test_divergent_learning_rate_stops_before_a_bad_step_and_no_checkpoint_holds
 
 
 def test_tools_and_resume_refuse_non_finite_weights(diverged_checkpoint, tmp_path, capsys):
-    from dspark_lightning.evaluate import calibrate_main, decode_main
-    from dspark_lightning.export import main as export_main
 
     tensor = r"drafter\.backbone\.fc\.weight"
     with pytest.raises(NonFiniteError, match=tensor):
-        export_main(["--ckpt_path", str(diverged_checkpoint), "--output", str(tmp_path / "export")])
+        cli_main(["export", "--ckpt_path", str(diverged_checkpoint), "--output", str(tmp_path / "export")])
     assert not (tmp_path / "export").exists()
     with pytest.raises(NonFiniteError, match=tensor):
-        decode_main(["--ckpt_path", str(diverged_checkpoint), "--modes", "parallel"])
+        cli_main(["decode", "--ckpt_path", str(diverged_checkpoint), "--modes", "[parallel]"])
     with pytest.raises(NonFiniteError, match=tensor):
-        calibrate_main(["--ckpt_path", str(diverged_checkpoint)])
+        cli_main(["calibrate", "--ckpt_path", str(diverged_checkpoint)])
     with pytest.raises(NonFiniteError, match=tensor):
         cli_main(["fit", *fit_args(tmp_path, 3), f"--ckpt_path={diverged_checkpoint}"])
 
 
 def test_json_output_never_contains_nan(checkpoint, tmp_path, capsys):
-    from dspark_lightning.evaluate import calibrate_main, decode_main
 
     def strict(text: str):
         return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
 
     assert strict(dumps_json({"ece": math.nan, "per_slot": [1.0, math.inf]})) == {"ece": None, "per_slot": [1.0, None]}
     out = tmp_path / "rows.json"
-    decode_main(["--ckpt_path", str(checkpoint), "--modes", "parallel", "--num_prompts", "1", "--json", str(out)])
+    cli_main(
+        ["decode", "--ckpt_path", str(checkpoint), "--modes", "[parallel]", "--num_prompts", "1", "--json", str(out)]
+    )
     assert strict(out.read_text())[0]["mode"] == "parallel"
     capsys.readouterr()
-    calibrate_main(["--ckpt_path", str(checkpoint), "--max_batches", "1", "--output", str(tmp_path / "cal.ckpt")])
+    cli_main(
+        ["calibrate", "--ckpt_path", str(checkpoint), "--max_batches", "1", "--output", str(tmp_path / "cal.ckpt")]
+    )
     printed = capsys.readouterr().out
     assert "temperatures" in strict(printed[printed.index("{") :])
 
@@ -116,16 +117,15 @@ def test_two_fits_started_together_get_their_own_directories(tmp_path):
 
 
 def test_export_refuses_a_non_empty_directory_and_overwrite_leaves_no_stale_files(checkpoint, tmp_path):
-    from dspark_lightning.export import main as export_main
 
     output = tmp_path / "export"
     output.mkdir()
     (output / "model-00002-of-00002.safetensors").write_text("stale shard")
     args = ["--ckpt_path", str(checkpoint), "--output", str(output), "--dtype", "float32"]
-    with pytest.raises(FileExistsError, match=r"--output .*export.* not empty: pass --overwrite"):
-        export_main(args)
+    with pytest.raises(FileExistsError, match=r"--output .*export.* not empty: pass --overwrite true"):
+        cli_main(["export", *args])
     assert (output / "model-00002-of-00002.safetensors").exists()
-    export_main([*args, "--overwrite"])
+    cli_main(["export", *args, "--overwrite", "true"])
     assert sorted(p.name for p in output.iterdir()) == ["config.json", "model.safetensors"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".export.")]  # no staging directory left
 
@@ -138,14 +138,12 @@ def test_missing_target_path_is_named(tmp_path):
 
 
 def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):
-    from dspark_lightning.evaluate import decode_main
-    from dspark_lightning.export import main as export_main
 
     notes = tmp_path / "notes.ckpt"
     notes.write_text("not a checkpoint\n")
     calls = [
-        lambda: decode_main(["--ckpt_path", str(notes)]),
-        lambda: export_main(["--ckpt_path", str(notes), "--output", str(tmp_path / "out")]),
+        lambda: cli_main(["decode", "--ckpt_path", str(notes)]),
+        lambda: cli_main(["export", "--ckpt_path", str(notes), "--output", str(tmp_path / "out")]),
         lambda: cli_main(["validate", *fit_args(tmp_path), f"--ckpt_path={notes}"]),
     ]
     for call in calls:
@@ -155,24 +153,25 @@ def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):
             call()
         assert "weights_only=False" not in str(e.value)
     with pytest.raises(FileNotFoundError, match=r"--ckpt_path .*missing\.ckpt' does not exist"):
-        decode_main(["--ckpt_path", str(tmp_path / "missing.ckpt")])
+        cli_main(["decode", "--ckpt_path", str(tmp_path / "missing.ckpt")])
 
 
 @pytest.mark.parametrize(
     ("argv", "option"),
     [
-        (["decode", "--thresholds", "1.5"], "--thresholds"),
-        (["decode", "--thresholds", "-1"], "--thresholds"),
-        (["decode", "--thresholds", "nan"], "--thresholds"),
-        (["decode", "--max_new_tokens", "0"], "--max_new_tokens"),
-        (["calibrate", "--max_batches", "0"], "--max_batches"),
+        (["decode", "--thresholds", "[1.5]"], "thresholds"),
+        (["decode", "--thresholds", "[-1]"], "thresholds"),
+        (["decode", "--thresholds", "[nan]"], "thresholds"),
+        (["decode", "--max_new_tokens", "0"], "max_new_tokens"),
+        (["calibrate", "--max_batches", "0"], "max_batches"),
     ],
 )
 def test_tool_arguments_out_of_range_are_usage_errors(argv, option, capsys):
     with pytest.raises(SystemExit) as info:
         cli_main([*argv, "--ckpt_path", "unused.ckpt"])
     assert info.value.code == 2
-    assert f"argument {option}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f'Parser key "{option}"' in err and "does not conform to restriction" in err  # the option and the rule
 
 
 def test_report_keeps_finished_variants_when_a_later_one_fails(tmp_path, monkeypatch):

@@ -8,15 +8,16 @@ import math
 import pytest
 
 from dspark_lightning import loss_study
+from dspark_lightning.cli import cli_main
 
 
 def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
     out = tmp_path / "study"
-    study = loss_study.main(
+    study = cli_main(
         [
-            "--output", str(out), "--losses", "kl", "lk_hybrid", "--seeds", "0", "--steps", "3",
-            "--val_samples", "8", "--val_batches", "1", "--num_prompts", "1", "--max_new_tokens", "8",
-            "--max_blocks", "16",
+            "loss-study", "--output", str(out), "--losses", "[kl,lk_hybrid]", "--seeds", "[0]", "--budget.steps", "3",
+            "--budget.val_samples", "8", "--budget.val_batches", "1", "--budget.num_prompts", "1",
+            "--budget.max_new_tokens", "8", "--budget.max_blocks", "16",
         ]
     )  # fmt: skip
     assert {p.name for p in out.iterdir()} == {"report.md", "results.json", "loss_study.png", "log.txt"}
@@ -36,6 +37,11 @@ def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
             assert math.isfinite(g[key]) and g[key] >= 1.0
         assert len(g["accept_rate_per_slot"]) == 8 and all(0 <= a <= 1 for a in g["accept_rate_per_slot"])
     assert saved["budget"]["steps"] == 3
+    assert saved["command"] == (  # the made-by line: the options given, in the table's spelling
+        f"dspark-lightning loss-study --output {out} --losses '[kl,lk_hybrid]' --seeds '[0]' --budget.steps 3 "
+        "--budget.val_samples 8 --budget.val_batches 1 --budget.num_prompts 1 --budget.max_new_tokens 8 "
+        "--budget.max_blocks 16"
+    )
     assert 0 < saved["cpu_seconds"] and math.isfinite(saved["cpu_seconds"])
     log = (out / "log.txt").read_text().splitlines()
     assert sum(line.startswith("[") for line in log) == 3  # one progress line per run
@@ -44,7 +50,7 @@ def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
     before = (out / "results.json").read_text()
     (out / "report.md").unlink()
     (out / "loss_study.png").unlink()
-    again = loss_study.main(["--output", str(out), "--rerender"])
+    again = cli_main(["loss-study", "--output", str(out), "--rerender", "true"])
     assert (out / "report.md").exists() and (out / "loss_study.png").exists()
     assert (out / "results.json").read_text() == before
     assert [g["teacher_tau"] for g in again["groups"]] == [g["teacher_tau"] for g in saved["groups"]]

@@ -11,16 +11,17 @@ import torch
 
 from dspark_lightning import analysis, report
 from dspark_lightning.calibration import expected_calibration_error
+from dspark_lightning.cli import cli_main
 
 
 def test_tiny_report_runs_in_a_minute_and_writes_everything(tmp_path):
     out = tmp_path / "report"
     start = time.perf_counter()
-    rows = report.main(
+    rows = cli_main(
         [
-            "--output", str(out), "--heads", "none", "gated", "--block_sizes", "8", "--steps", "20",
-            "--val_samples", "16", "--val_batches", "2", "--num_prompts", "2", "--max_new_tokens", "24",
-            "--max_blocks", "64",
+            "report", "--output", str(out), "--heads", "[none,gated]", "--block_sizes", "[8]",
+            "--budget.steps", "20", "--budget.val_samples", "16", "--budget.val_batches", "2",
+            "--budget.num_prompts", "2", "--budget.max_new_tokens", "24", "--budget.max_blocks", "64",
         ]
     )  # fmt: skip
     assert time.perf_counter() - start < 60
@@ -49,14 +50,19 @@ def test_tiny_report_runs_in_a_minute_and_writes_everything(tmp_path):
     assert "| none | 8 |" in text and "| gated | 8 |" in text and "![tau](tau.png)" in text
     saved = json.loads((out / "results.json").read_text())
     assert saved["budget"]["steps"] == 20 and len(saved["rows"]) == 2
+    assert saved["command"] == (  # the line that makes the report again: only the options that differ from defaults
+        f"dspark-lightning report --output {out} --heads '[none,gated]' --block_sizes '[8]' --budget.steps 20 "
+        "--budget.val_samples 16 --budget.val_batches 2 --budget.num_prompts 2 --budget.max_new_tokens 24 "
+        "--budget.max_blocks 64"
+    )
 
 
 def test_report_keeps_runs_when_asked(tmp_path):
-    rows = report.main(
+    rows = cli_main(
         [
-            "--output", str(tmp_path / "out"), "--runs_dir", str(tmp_path / "runs"), "--heads", "rnn",
-            "--block_sizes", "4", "--steps", "4", "--val_samples", "8", "--val_batches", "1", "--num_prompts", "1",
-            "--max_new_tokens", "8", "--max_blocks", "16",
+            "report", "--output", str(tmp_path / "out"), "--runs_dir", str(tmp_path / "runs"), "--heads", "[rnn]",
+            "--block_sizes", "[4]", "--budget.steps", "4", "--budget.val_samples", "8", "--budget.val_batches", "1",
+            "--budget.num_prompts", "1", "--budget.max_new_tokens", "8", "--budget.max_blocks", "16",
         ]
     )  # fmt: skip
     (row,) = rows
@@ -110,6 +116,6 @@ def test_shell_command_quotes_globs():
 
 
 def test_report_is_a_dspark_lightning_command():
-    from dspark_lightning.cli import EXTRA_COMMANDS
+    from dspark_lightning.cli import TOOL_COMMANDS
 
-    assert "report" in EXTRA_COMMANDS, "wire `dspark-lightning report` to dspark_lightning.report.main in cli.py"
+    assert TOOL_COMMANDS["report"] is report.report_command

@@ -245,7 +245,7 @@ def test_scaling_doc_commands_run_at_demo_scale(tmp_path, monkeypatch):
         if args[0] == "cache":
             cli_main([*args, "--limit", "4", "--device", "cpu"])
         elif args[0] == "regenerate":
-            cli_main([*args, "--limit", "2", "--max-new-tokens", "4", "--batch-size", "2", "--device", "cpu"])
+            cli_main([*args, "--limit", "2", "--max_new_tokens", "4", "--batch_size", "2", "--device", "cpu"])
         else:
             extra = [
                 "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2",

@@ -136,21 +136,20 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     """The recipe at tiny scale: cache the shipped regenerated validation data, train the vanilla head for two steps
     from the cache, then decode with the full target: greedy output identical to `generate`, numbers finite."""
     from dspark_lightning.cli import cli_main
-    from dspark_lightning.loss_study import main as loss_study_main
-    from dspark_lightning.report_smollm2 import main as report_main
 
     shipped = str(ROOT / "assets/smollm2/regenerated/validation-00000.jsonl")
     cache = tmp_path / "cache"
     summary = cli_main(
         ["cache", "--target", str(smollm2[0]), "--data", shipped, "--output", str(cache), "--seq_len", "256"]
-        + ["--batch_size", "1", "--layers", "1", "14", "27", "--limit", "2"]
+        + ["--batch_size", "1", "--layers", "[1,14,27]", "--limit", "2"]
     )
     assert sum(shard["num_samples"] for shard in summary["shards"]) == 2 and summary["complete"]
-    rows = report_main(
-        ["--output", str(tmp_path / "report"), "--heads", "vanilla", "--steps", "2", "--num_prompts", "2"]
-        + ["--max_new_tokens", "8", "--max_blocks", "16", f"--model.target={smollm2[0]}", "--data.seq_len=256"]
-        + [f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}"]
-        + ["--model.max_anchors=8", "--trainer.limit_val_batches=1", "--runs_dir", str(tmp_path / "runs")]
+    fit_args = [f"--model.target={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
+    fit_args += [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.max_anchors=8"]
+    rows = cli_main(
+        ["report-smollm2", "--output", str(tmp_path / "report"), "--heads", "[vanilla]", "--steps", "2"]
+        + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]
+        + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]
     )
     (row,) = rows
     assert row["wall_clock"]["outputs_equal"] and row["wall_clock"]["prompts"] == 2
@@ -158,17 +157,20 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     assert row["measured_selector_tau"] is not None and 0.0 <= row["coverage_at_k"] <= 1.0
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["rows"][0]["head"] == "vanilla"
+    made_by = (
+        f"dspark-lightning report-smollm2 --output {tmp_path / 'report'} --heads '[vanilla]' --steps 2 --num_prompts 2"
+    )
+    assert results["command"].startswith(made_by) and results["rows"][0]["command"] == results["command"]
     assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "acceptance_per_slot.png").is_file()
     # the decode command on the cache-trained checkpoint loads the whole target (greedy: identical to generate)
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
     decoded = cli_main(["decode", "--ckpt_path", str(ckpt), "--num_prompts", "1", "--max_new_tokens", "6"])
     assert len(decoded) == 3 and all(r["outputs_equal"] and r["tau"] >= 1.0 for r in decoded)
     # the loss study on this recipe: the same fit and measurement per loss, the recipe named in its report
-    study = loss_study_main(
-        ["--recipe", "smollm2", "--output", str(tmp_path / "study"), "--losses", "nla", "--seeds", "0", "--no_dpace"]
-        + ["--steps", "1", "--num_prompts", "1", "--max_new_tokens", "4", "--max_blocks", "8"]
-        + [f"--model.target={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
-        + [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.max_anchors=8"]
+    study = cli_main(
+        ["loss-study", "--recipe", "smollm2", "--output", str(tmp_path / "study"), "--losses", "[nla]"]
+        + ["--seeds", "[0]", "--dpace", "false", "--budget.steps", "1", "--budget.num_prompts", "1"]
+        + ["--budget.max_new_tokens", "4", "--budget.max_blocks", "8", "--fit_args", json.dumps(fit_args)]
     )
     (group,) = study["groups"]
     assert group["label"] == "nla" and 1.0 <= group["measured_tau"] <= 9.0 and 1.0 <= group["teacher_tau"] <= 9.0

@@ -288,7 +288,7 @@ print(
 print(f"re-imported head drafts identical tokens: {same}")
 
 # %% [markdown]
-# `dspark-lightning export --ckpt_path <run>/checkpoints/last.ckpt --output <dir> --candidate_selector` writes a
+# `dspark-lightning export --ckpt_path <run>/checkpoints/last.ckpt --output <dir> --candidate_selector true` writes a
 # checkpoint in this layout for serving. Finally, the two gate forms side by side *as Selectors* at `k = 16`, on
 # their own validation blocks (same blocks, different drafters):
 

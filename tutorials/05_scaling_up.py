@@ -174,14 +174,14 @@ show(
 # loss mask, document ids, the fused hidden states of the target layers and the final hidden state - in safetensors
 # shards. Training from the cache (`configs/cache.yaml`) keeps only the target's embedding and LM head in memory and
 # gives the same loss as online training on the same samples. The command prints a size estimate first
-# (`--dry_run` stops there); for a target larger than one GPU, `--device_map auto` spreads it while caching.
+# (`--dry_run true` stops there); for a target larger than one GPU, `--device_map auto` spreads it while caching.
 
 # %%
 show(
     "dspark-lightning cache --target Qwen/Qwen3-8B --data 'data/qwen3_8b_regenerated/*.jsonl' "
-    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers 1 9 17 25 33 --dry_run",
+    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --dry_run true",
     "dspark-lightning cache --target Qwen/Qwen3-8B --data 'data/qwen3_8b_regenerated/*.jsonl' "
-    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers 1 9 17 25 33 --device_map auto",
+    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --device_map auto",
     "dspark-lightning fit --config configs/qwen3_8b_sharegpt.yaml --config configs/cache.yaml "
     "--data.train_cache cache/qwen3_8b/train --data.val_cache cache/qwen3_8b/val",
 )
@@ -206,7 +206,7 @@ show(
 
 # %%
 show(
-    "dspark-lightning decode --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.ckpt --modes parallel markov selector",
+    "dspark-lightning decode --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.ckpt --modes '[parallel,markov,selector]'",
     "dspark-lightning calibrate --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.ckpt",
     "dspark-lightning export --ckpt_path runs/qwen3_8b/version_0/checkpoints/last.calibrated.ckpt --output export/qwen3_8b_dspark",
 )

@@ -113,7 +113,7 @@ print(summary["written"], "records written; the first reply:", repr(record["conv
 shipped = str(REPO / "assets/smollm2/regenerated/validation-00000.jsonl")
 cache = WORK / "cache"
 cli_main(["cache", "--target", target, "--data", shipped, "--output", str(cache), "--seq_len", "256",
-          "--batch_size", "1", "--layers", "1", "14", "27", "--limit", "2"])  # fmt: skip
+          "--batch_size", "1", "--layers", "[1,14,27]", "--limit", "2"])  # fmt: skip
 cli = cli_main([
     "fit", "--config", str(REPO / "configs/smollm2_sharegpt.yaml"), f"--model.target={target}",
     f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}",

@@ -4,7 +4,7 @@ This module is the format and the reader (the data layer never loads a model); t
 ``dspark_lightning.cache_writer``. Usage (wired as ``dspark-lightning cache``)::
 
     dspark-lightning cache --target Qwen/Qwen3-8B --data 'sharegpt/*.jsonl' --output cache/train \\
-        --seq_len 4096 --batch_size 8 [--layers 1 17 33 | --num_draft_layers 3] [--dtype bfloat16] [--limit N]
+        --seq_len 4096 --batch_size 8 [--layers '[1,17,33]' | --num_draft_layers 3] [--dtype bfloat16] [--limit N]
 
 then train with no target decoder in memory (``configs/cache.yaml``: ``data.train_cache`` / ``data.val_cache`` and
 ``model.target_features: cache``).
@@ -21,7 +21,7 @@ Design choices:
   equals the online one; shuffling happens when reading (a permutation of sample indices per epoch).
 - Size estimate before the target is loaded: bytes per sample = S * (13 + (n + 1) * H * dtype bytes) (int32 ids,
   document ids, positions, a bool mask, then the features), times the number of samples from a count pass
-  (tokenise + pack only; ``--no_count_pass`` skips it and prints the per-sample size alone). ``--dry_run`` stops there.
+  (tokenise + pack only; ``--count_pass false`` skips it and prints the per-sample size alone). ``--dry_run`` stops there.
 - Resumable: the index is rewritten after every finished shard; rerunning the same command skips the samples of the
   finished shards (the packed stream is deterministic) and continues. A different configuration in the same output
   directory is an error rather than a silent mix.

@@ -2,41 +2,41 @@
 
 Usage (wired as ``dspark-lightning regenerate``)::
 
-    python -m dspark_lightning.data.regenerate --target Qwen/Qwen3-0.6B --data sharegpt/*.jsonl --output regen/ \
-        --max-new-tokens 512 --batch-size 16 [--limit N] [--shard-size 1000] [--chat-template-kwargs '{...}'] \
-        [--num-jobs 8 --job-index $SLURM_ARRAY_TASK_ID]
+    dspark-lightning regenerate --target Qwen/Qwen3-0.6B --data 'sharegpt/*.jsonl' --output regen/ \
+        --max_new_tokens 512 --batch_size 16 [--limit N] [--shard_size 1000] [--chat_template_kwargs '{...}'] \
+        [--num_jobs 8 --job_index $SLURM_ARRAY_TASK_ID]
 
 Design choices:
 - Turn by turn: assistant turn *t* is generated from the conversation up to it, where earlier assistant turns are the
   target's own (already regenerated) replies and the user/system turns are the originals. So the whole dialogue is
   what the target would have said, which is the distribution the drafter is evaluated on.
 - Greedy decoding (``do_sample=False``), batched with left padding; a reply ends at the tokenizer's eos (or the
-  model's configured eos ids) or after ``--max-new-tokens`` (counted as ``truncated_replies``).
-- Output: ShareGPT JSON Lines shards ``train-00000.jsonl``, ... of ``--shard-size`` records, each record
+  model's configured eos ids) or after ``--max_new_tokens`` (counted as ``truncated_replies``).
+- Output: ShareGPT JSON Lines shards ``train-00000.jsonl``, ... of ``--shard_size`` records, each record
   ``{"id", "conversations"}``. The id is the input record's ``id`` or, without one, a hash of its messages, so a
   restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
   cut off, ids already present are skipped and writing continues in the last shard. ``--limit`` caps the total number
   of records in the output directory, so rerunning the same command finishes an interrupted job.
-- Parallel jobs: ``--num-jobs N --job-index i`` (e.g. one process per GPU, or a SLURM array) regenerates valid
+- Parallel jobs: ``--num_jobs N --job_index i`` (e.g. one process per GPU, or a SLURM array) regenerates valid
   records i, i+N, ... and writes ``train-iiiofNNN-00000.jsonl`` ... into the same ``--output``; each job only scans
   and resumes its own shards, and ``train-*.jsonl`` reads all of them as one dataset. ``--limit`` is per job.
 - Invalid input records are skipped and counted by reason (the same validation as training); a turn whose prompt is
-  longer than ``--max-prompt-tokens`` ends the conversation there (records with no regenerated turn are dropped and
+  longer than ``--max_prompt_tokens`` ends the conversation there (records with no regenerated turn are dropped and
   counted); an empty reply drops the record (counted), since an empty assistant turn is not trainable.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.data.sharegpt import (
     IdSplit,
@@ -326,59 +326,64 @@ def regenerate(
     return {**summary, **counts}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dspark-lightning regenerate",
-        description="Rewrite the assistant turns of a conversation dataset with a target model's greedy replies.",
-    )
-    parser.add_argument("--target", required=True, help="hub id or local path of the target model (and tokenizer)")
-    parser.add_argument("--data", required=True, nargs="+", help="local .json/.jsonl files, dirs, globs, or a hub id")
-    parser.add_argument("--output", required=True, help="directory for train-NNNNN.jsonl shards")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--limit", type=int, default=None, help="total records wanted in --output (resume-aware)")
-    parser.add_argument("--shard-size", type=int, default=1000, help="records per output shard")
-    parser.add_argument("--max-prompt-tokens", type=int, default=4096, help="stop a conversation at longer prompts")
-    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, ...")
-    parser.add_argument(
-        "--chat-template-kwargs", type=json.loads, default=None, help='JSON, e.g. {"enable_thinking": false}'
-    )
-    parser.add_argument("--num-jobs", type=int, default=1, help="split the records over this many parallel jobs")
-    parser.add_argument("--job-index", type=int, default=0, help="which of --num-jobs this process is (0-based)")
-    parser.add_argument("--trust-remote-code", action="store_true", default=False)
-    parser.add_argument("--max-turns", type=int, default=None, help="regenerate at most this many replies per record")
-    parser.add_argument("--split", default="train", choices=("train", "validation", "test"), help="with --split-by-id")
-    parser.add_argument(
-        "--split-by-id", type=json.loads, default=None, help='JSON fractions, e.g. {"validation": 0.02, "test": 0.02}'
-    )
-    return parser
+def regenerate_command(
+    target: str,
+    data: list[str] | str,
+    output: str,
+    max_new_tokens: PositiveInt = 512,
+    batch_size: PositiveInt = 8,
+    limit: PositiveInt | None = None,
+    shard_size: PositiveInt = 1000,
+    max_prompt_tokens: PositiveInt = 4096,
+    device: str | None = None,
+    dtype: str = "auto",
+    chat_template_kwargs: dict | None = None,
+    num_jobs: PositiveInt = 1,
+    job_index: NonNegativeInt = 0,
+    trust_remote_code: bool = False,
+    max_turns: PositiveInt | None = None,
+    split: Literal["train", "validation", "test"] = "train",
+    split_by_id: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Rewrite the assistant turns of a conversation dataset with the target's own greedy replies (on-policy data).
 
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(argv)
+    Args:
+        target: hub id or local path of the target model (and tokenizer)
+        data: local .json/.jsonl files, dirs, globs (quoted), or a hub id; one or a list
+        output: directory for train-NNNNN.jsonl shards
+        max_new_tokens: longest reply generated per assistant turn
+        batch_size: prompts generated together
+        limit: total records wanted in output (resume-aware)
+        shard_size: records per output shard
+        max_prompt_tokens: stop a conversation at longer prompts
+        device: default: cuda if available, else cpu
+        dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, ...
+        chat_template_kwargs: passed to the chat template, e.g. {"enable_thinking": false}
+        num_jobs: split the records over this many parallel jobs
+        job_index: which of num_jobs this process is (0-based)
+        trust_remote_code: let transformers run the target's own modelling code
+        max_turns: regenerate at most this many replies per record
+        split: the split to regenerate (with split_by_id)
+        split_by_id: fractions of conversations held out by id, e.g. {"validation": 0.02, "test": 0.02}
+    """
     summary = regenerate(
-        args.target,
-        args.data if len(args.data) > 1 else args.data[0],
-        args.output,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        limit=args.limit,
-        shard_size=args.shard_size,
-        max_prompt_tokens=args.max_prompt_tokens,
-        trust_remote_code=args.trust_remote_code,
-        device=args.device,
-        dtype=args.dtype,
-        template_kwargs=args.chat_template_kwargs,
-        num_jobs=args.num_jobs,
-        job_index=args.job_index,
-        max_turns=args.max_turns,
-        split=args.split,
-        split_by_id=args.split_by_id,
+        target,
+        data,
+        output,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        limit=limit,
+        shard_size=shard_size,
+        max_prompt_tokens=max_prompt_tokens,
+        trust_remote_code=trust_remote_code,
+        device=device,
+        dtype=dtype,
+        template_kwargs=chat_template_kwargs,
+        num_jobs=num_jobs,
+        job_index=job_index,
+        max_turns=max_turns,
+        split=split,
+        split_by_id=split_by_id,
     )
     print(json.dumps(summary, indent=2))
     return summary
-
-
-if __name__ == "__main__":
-    main()
