@@ -25,9 +25,7 @@ progress log) into ``--output``.
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,6 +36,15 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
+from dspark_lightning.loss_study_results import (  # noqa: F401 - aggregate/significance are public from here too
+    RECIPES,
+    _clean,
+    aggregate,
+    markdown_report,
+    plot_study,
+    rerender_study,
+    significance,
+)
 from dspark_lightning.report import Budget, train_and_evaluate
 from dspark_lightning.report_smollm2 import evaluate_head, fit_head
 
@@ -51,12 +58,6 @@ LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
     "lk_hybrid": "lk_hybrid",
 }
 DEFAULT_LOSSES = ("kl", "tv", "ce+tv", "js", "nla", "lk_hybrid")
-BASELINE = {"demo": "ce+tv", "smollm2": "kl"}  # each recipe's default loss (quickstart.yaml / smollm2_sharegpt.yaml)
-METRICS = ("teacher_tau", "teacher_greedy_tau", "measured_tau")
-RECIPES = {  # --recipe -> (title of the report, base config)
-    "demo": ("the demo target", "configs/quickstart.yaml"),
-    "smollm2": ("SmolLM2-135M-Instruct + ShareGPT V3", "configs/smollm2_sharegpt.yaml"),
-}
 
 
 def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
@@ -86,194 +87,6 @@ def train_and_evaluate_smollm2(runs_root: Path, head: str, budget: Budget, extra
         head=head, fit_seconds=fit_seconds, eval_seconds=time.perf_counter() - start, run_dir=cli.trainer.log_dir
     )
     return row
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return math.nan, math.nan
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def _slot_mean(curves: Sequence[Sequence[float]]) -> list[float]:
-    out = []
-    for column in zip(*curves):
-        finite = [v for v in column if v is not None and not math.isnan(v)]
-        out.append(statistics.fmean(finite) if finite else math.nan)
-    return out
-
-
-def aggregate(label: str, runs: list[dict]) -> dict:
-    """Mean and seed standard deviation of every headline number of one loss."""
-    out: dict = {"label": label, "seeds": [r["seed"] for r in runs], "n": len(runs)}
-    for key in METRICS:
-        out[key], out[f"{key}_std"] = _mean_std([r[key] for r in runs])
-    out["accept_rate_per_slot"] = _slot_mean([r["accept_rate_per_slot"] for r in runs])
-    out["measured_accepted_per_slot"] = _slot_mean([r["measured_accepted_per_slot"] for r in runs])
-    out["fit_seconds"] = sum(r["fit_seconds"] for r in runs)
-    return out
-
-
-def significance(a: dict, b: dict, key: str) -> dict:
-    """Difference of means a − b and whether it exceeds the sum of the two seed standard deviations."""
-    delta = a[key] - b[key]
-    spread = a[f"{key}_std"] + b[f"{key}_std"]
-    significant = min(a["n"], b["n"]) > 1 and abs(delta) > spread
-    return {"delta": delta, "spread": spread, "significant": bool(significant)}
-
-
-def _clean(x):
-    """NaN -> None so that results.json is strict JSON."""
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    return x
-
-
-def _pm(mean: float, std: float, n: int) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    return f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
-
-
-def plot_study(groups: list[dict], output: Path) -> str:
-    """loss_study.png: tau per loss (error bars = seed std) and acceptance per slot, teacher-forced and measured
-    (the measured rate of slot k is conditional on slots < k having been accepted)."""
-    import matplotlib.pyplot as plt  # deferred: matplotlib is only needed to draw
-
-    from dspark_lightning import plotting  # deferred with matplotlib
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    ax = axes[0]
-    xs = range(len(groups))
-    series = (
-        ("teacher_tau", "teacher-forced tau"),
-        ("teacher_greedy_tau", "TF greedy tau"),
-        ("measured_tau", "measured tau"),
-    )
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ax.bar(
-            [x + (i - (len(series) - 1) / 2) * width for x in xs],
-            [g[key] for g in groups],
-            width=width,
-            yerr=[g[f"{key}_std"] for g in groups],
-            capsize=2,
-            label=name,
-        )
-    ax.set_xticks(list(xs), [g["label"] for g in groups], rotation=30, ha="right")
-    low = min(g[key] for g in groups for key, _ in series)
-    high = max(g[key] for g in groups for key, _ in series)
-    ax.set(ylabel="tokens per target forward", title="tau per loss (mean ± seed std)")
-    ax.set_ylim(max(0.0, low - 0.15), high + 0.3)  # head room for the legend
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
-    for ax, key, title in (
-        (axes[1], "accept_rate_per_slot", "teacher-forced acceptance per slot"),
-        (axes[2], "measured_accepted_per_slot", "measured accept rate, earlier slots accepted"),
-    ):
-        for g in groups:
-            ax.plot(range(len(g[key])), g[key], marker="o", ms=3, label=g["label"])
-        ax.set(title=title + ", seed mean", xlabel="draft slot k", ylabel="rate", ylim=(0, 1))
-        ax.grid(alpha=0.3)
-    axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    return Path(plotting.save(fig, output / "loss_study.png")).name
-
-
-def markdown_report(study: dict, plot: str) -> str:
-    groups, budget = study["groups"], study["budget"]
-    baseline = BASELINE[study.get("recipe", "demo")]
-    base = next((g for g in groups if g["label"] == baseline), None)
-    title, base_config = RECIPES[study.get("recipe", "demo")]
-    if study.get("recipe", "demo") == "demo":
-        sizes = (
-            f"{budget['steps']} steps of {budget['batch_size']} packed rows x {budget['seq_len']} tokens, "
-            f"{budget['max_anchors']} anchors per row, seeds {study['seeds']} (initialisation, anchors and data "
-            f"order); validation on the first {budget['val_samples']} validation conversations"
-        )
-    else:  # the recipe's config sets the data, sequence length, batch and anchors; the study only the steps
-        sizes = (
-            f"{budget['steps']} steps at the config's data, sequence length, batch and anchors, seeds "
-            f"{study['seeds']} (initialisation, anchors and data order); teacher-forced numbers on the config's "
-            "validation cache"
-        )
-    lines = [
-        f"# Drafter losses on {title}",
-        "",
-        *(
-            []
-            if study.get("complete", True)
-            else [f"**Partial study**: stopped after {len(study['runs'])} runs; each loss's n is its seed count.", ""]
-        ),
-        f"Made by `{study['command']}` in {study['seconds'] / 60:.1f} min wall clock"
-        + (f", {study['cpu_seconds'] / 60:.1f} min CPU" if study.get("cpu_seconds") else "")
-        + f" (torch {torch.__version__}, one thread, CPU). Every run: `{base_config}` + "
-        f"`configs/heads/{study['head']}.yaml` + `configs/losses/<loss>.yaml`, B = {study['block_size']}, {sizes}; "
-        f"measured greedy decoding on {budget['num_prompts']} held-out prompts x {budget['max_new_tokens']} new "
-        "tokens. `+dpace` is the loss with the best mean teacher-forced tau retrained with D-PACE position weights.",
-        "",
-        "Significance rule: a difference of means counts as significant only when it exceeds the sum of the two "
-        "seed standard deviations (sample std over seeds); with one seed nothing is significant. "
-        f"Δ columns compare with `{baseline}` (the recipe's default loss).",
-        "",
-        "Teacher-forced tau uses the sampling acceptance α = Σ min(p, q) per slot on ground-truth prefixes; "
-        "*TF greedy tau* counts leading slots whose draft argmax equals the target's; measured tau is real *greedy* "
-        "speculative decoding with the target, so it follows the greedy quantity.",
-        "",
-        *(
-            f"- best mean {name}: **{max(groups, key=lambda g: g[key])['label']}** ({max(g[key] for g in groups):.3f})"
-            for key, name in (
-                ("teacher_tau", "teacher-forced tau"),
-                ("teacher_greedy_tau", "TF greedy tau"),
-                ("measured_tau", "measured tau"),
-            )
-        ),
-        "",
-        "| loss | teacher-forced tau | Δ vs default | TF greedy tau | measured tau | Δ vs default | fit s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-
-    def delta(g, key):
-        if base is None or g is base:
-            return "—"
-        s = significance(g, base, key)
-        return f"{s['delta']:+.3f}{' (significant)' if s['significant'] else ''}"
-
-    for g in groups:
-        lines.append(
-            f"| {g['label']} | {_pm(g['teacher_tau'], g['teacher_tau_std'], g['n'])} | {delta(g, 'teacher_tau')} "
-            f"| {_pm(g['teacher_greedy_tau'], g['teacher_greedy_tau_std'], g['n'])} "
-            f"| {_pm(g['measured_tau'], g['measured_tau_std'], g['n'])} | {delta(g, 'measured_tau')} "
-            f"| {g['fit_seconds']:.0f} |"
-        )
-    width = len(groups[0]["accept_rate_per_slot"])
-    for key, title in (
-        ("accept_rate_per_slot", "Teacher-forced acceptance per slot (seed mean)"),
-        (
-            "measured_accepted_per_slot",
-            "Measured accepted rate per slot, given the slots before it were accepted (seed mean; '-' = never reached)",
-        ),
-    ):
-        lines += ["", f"{title}:", "", "| loss | " + " | ".join(f"k={k}" for k in range(width)) + " |"]
-        lines.append("|---|" + "---:|" * width)
-        for g in groups:
-            cells = ["-" if math.isnan(v) else f"{v:.2f}" for v in g[key]]
-            lines.append(f"| {g['label']} | " + " | ".join(cells) + " |")
-    lines += ["", "Pairs whose difference is significant under the rule:", ""]
-    pairs = [
-        f"- {a['label']} vs {b['label']}: {key} {s['delta']:+.3f} (spread {s['spread']:.3f})"
-        for key in ("teacher_tau", "measured_tau")
-        for i, a in enumerate(groups)
-        for b in groups[i + 1 :]
-        if (s := significance(a, b, key))["significant"]
-    ]
-    lines += pairs or ["- none"]
-    lines += ["", f"![loss study]({plot})", ""]
-    return "\n".join(lines)
 
 
 def run_study(
@@ -377,21 +190,6 @@ def run_study(
     study = study_so_far()
     write(study)
     log(f"wrote {output / 'report.md'} ({study['seconds'] / 60:.1f} min wall, {study['cpu_seconds'] / 60:.1f} min CPU)")
-    return study
-
-
-def rerender_study(output: str | Path) -> dict:
-    """Rewrite report.md and loss_study.png from an existing results.json (no training; the numbers are kept)."""
-    output = Path(output)
-    study = json.loads((output / "results.json").read_text())
-    for g in study["groups"]:  # strict JSON stored NaN as null
-        for key, value in g.items():
-            if value is None:
-                g[key] = math.nan
-            elif isinstance(value, list):
-                g[key] = [math.nan if v is None else v for v in value]
-    plot = plot_study(study["groups"], output)
-    (output / "report.md").write_text(markdown_report(study, plot))
     return study
 
 
