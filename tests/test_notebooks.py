@@ -4,13 +4,12 @@ Every notebook is a jupytext pair (``tutorials/README.md``): ``NAME.py`` in perc
 ``NAME.ipynb`` is generated from it and committed without outputs. Each ``.ipynb`` is executed in a real Jupyter
 kernel with ``nbclient`` (what ``pytest --nbmake`` does), working directory = the notebook's directory as in Jupyter,
 runs into a per-test temporary directory (``DSPARK_TUTORIAL_DIR``); the analysis notebook gets two tiny runs made
-here (``DSPARK_RUN_DIR``). A notebook must finish within the 3 minutes the tutorials promise and leave nothing
-behind in the repository.
+here (``DSPARK_RUN_DIR``). A notebook must leave nothing behind in the repository; a cell that hangs fails at the
+client's per-cell timeout (how long the tutorials take is measured, not asserted: tests never check wall clock).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import jupytext
@@ -25,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = (ROOT / "tutorials", ROOT / "notebooks")
 NOTEBOOKS = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.ipynb"))
 SOURCES = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.py"))
-TIME_LIMIT_S = 180
 IDS = [f"{p.parent.name}/{p.stem}" for p in NOTEBOOKS]
 
 
@@ -82,10 +80,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch, request):
     client = NotebookClient(
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     )
-    start = time.perf_counter()
-    client.execute()  # raises CellExecutionError naming the failing cell
-    seconds = time.perf_counter() - start
-    assert seconds < TIME_LIMIT_S, f"{path.name} took {seconds:.0f} s (limit {TIME_LIMIT_S} s)"
+    client.execute()  # raises CellExecutionError naming the failing cell; a cell past `timeout` fails (a hang guard)
     assert repository_snapshot() - before == set(), "the notebook wrote into the repository"
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pytest
 import torch
@@ -14,9 +13,8 @@ from dspark_lightning.calibration import expected_calibration_error
 from dspark_lightning.cli import cli_main
 
 
-def test_tiny_report_runs_in_a_minute_and_writes_everything(tmp_path):
+def test_tiny_report_writes_everything(tmp_path):
     out = tmp_path / "report"
-    start = time.perf_counter()
     rows = cli_main(
         [
             "report", "--output", str(out), "--heads", "[none,gated]", "--block_sizes", "[8]",
@@ -24,7 +22,6 @@ def test_tiny_report_runs_in_a_minute_and_writes_everything(tmp_path):
             "--budget.num_prompts", "2", "--budget.max_new_tokens", "24", "--budget.max_blocks", "64",
         ]
     )  # fmt: skip
-    assert time.perf_counter() - start < 60
     assert {p.name for p in out.iterdir()} == {
         "report.md",
         "results.json",
