@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark_lightning.models.markov import MarkovHead
+from dspark_lightning.selector.scratch import gather_rows
 from dspark_lightning.selector.topk import candidate_topk
 
 
@@ -83,13 +84,16 @@ def _pair_transition_features(
     hidden: torch.Tensor | None,
     prev_gate_table: torch.Tensor | None | bool = None,
 ) -> torch.Tensor:
-    """u(a, h_t) for predecessors prev_ids [N, B, k] (target ids) against hidden [N, B, H] -> [N, B, k, r]."""
+    """u(a, h_t) for predecessors prev_ids [N, B, k] (target ids) against hidden [N, B, H] -> [N, B, k, r].
+
+    Without autograd the result may live in a scratch buffer (``selector.scratch``): use it before the next call.
+    """
     if head.is_path_dependent:
         raise ValueError(
             "the rnn Markov head is path dependent: its bias depends on the whole drafted prefix through a carried "
             "state, so no k x k pair-score precompute exists; decode it with sequential_decode instead"
         )
-    prev_embedding = head.markov_w1(prev_ids)
+    prev_embedding = gather_rows(head.markov_w1.weight, prev_ids, "w1_rows")  # = head.markov_w1(prev_ids)
     if head.head_type == "vanilla":
         return prev_embedding
     if head.gate_input == "hidden":  # the gate depends on the slot only: one evaluation per slot
@@ -100,7 +104,7 @@ def _pair_transition_features(
     elif prev_gate_table is False:  # the caller asked for the per-predecessor product
         prev_gate_table = None
     if prev_gate_table is not None:
-        pre = F.embedding(prev_ids, prev_gate_table)  # [N, B, k, r], a fresh tensor: safe to add into in place
+        pre = gather_rows(prev_gate_table, prev_ids, "gate_rows")  # [N, B, k, r], not a view of the table: add into
     else:
         pre = F.linear(prev_embedding, weight[:, head.hidden_size :])
     pre += F.linear(hidden, weight[:, : head.hidden_size], head.gate_proj.bias)[:, :, None, :]
@@ -152,6 +156,6 @@ def pair_scores(
         (first_prev[:, None, None].expand(n_rows, 1, k), _to_target_ids(candidates[:, :-1], d2t)), dim=1
     )
     features = _pair_transition_features(head, predecessors, hidden, prev_gate_table)  # [N, B, k, r]
-    successor_rows = F.embedding(candidates, head.markov_w2.weight)  # [N, B, k, r] (index_select: fast gather)
+    successor_rows = gather_rows(head.markov_w2.weight, candidates, "w2_rows")  # [N, B, k, r]
     bias = torch.matmul(features, successor_rows.transpose(-1, -2))  # [N, B, k(pred), k(cand)]
     return candidates, candidate_logits[:, :, None, :] + bias

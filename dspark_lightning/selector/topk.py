@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from dspark_lightning.selector.scratch import scratch
+
 
 def _topk_chunk_size(vocab: int, k: int) -> int | None:
     """Power-of-two chunk (dividing Vd) for the contiguous-chunk search, or None to use ``torch.topk``."""
@@ -41,6 +43,14 @@ def _topk_plan(vocab: int, k: int) -> tuple[str, int, int] | None:
     return ("chunks", chunk, 1) if chunk is not None else None
 
 
+def _amax(grouped: torch.Tensor, dim: int) -> torch.Tensor:
+    """Group maxima (``grouped.amax(dim)``), into a scratch buffer when autograd is off: they stay inside the search."""
+    shape = list(grouped.shape)
+    del shape[dim]
+    out = scratch("group_maxima", tuple(shape), grouped)
+    return grouped.amax(dim=dim) if out is None else torch.amax(grouped, dim=dim, out=out)
+
+
 def candidate_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k along the last dim, (values, indices) sorted by decreasing value, like ``torch.topk``.
 
@@ -61,13 +71,13 @@ def candidate_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     kind, c1, c2 = plan
     lead = logits.shape[:-1]
     if kind == "chunks":  # contiguous chunks of c1 neighbours
-        maxima = logits.reshape(*lead, vocab // c1, c1).amax(dim=-1)
+        maxima = _amax(logits.reshape(*lead, vocab // c1, c1), -1)
         top_chunks = maxima.topk(k, dim=-1, sorted=False).indices
         indices = (top_chunks[..., None] * c1 + torch.arange(c1, device=logits.device)).reshape(*lead, k * c1)
         values, order = logits.gather(-1, indices).topk(k, dim=-1)
         return values, indices.gather(-1, order)
     groups = vocab // c1
-    maxima = logits.reshape(*lead, c1, groups).amax(dim=-2)  # [..., G1]: group g = {g + G1 * j}
+    maxima = _amax(logits.reshape(*lead, c1, groups), -2)  # [..., G1]: group g = {g + G1 * j}
     if c2 > 1:
         supergroups = groups // c2
         top_super = maxima.reshape(*lead, c2, supergroups).amax(dim=-2).topk(k, dim=-1, sorted=False).indices

@@ -116,24 +116,11 @@ def selector_decode(
     first_prev: torch.Tensor,
     hidden: torch.Tensor | None,
     k: int,
-    *,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-    d2t: torch.Tensor | None = None,
-    prev_gate_table: torch.Tensor | None | bool = None,
+    **options,
 ) -> torch.Tensor:
-    """Selector decode of a block: tokens [N, B] (draft-vocab indices). See ``selector_walk`` for the details."""
-    return selector_walk(
-        base_logits,
-        head,
-        first_prev,
-        hidden,
-        k,
-        temperature=temperature,
-        generator=generator,
-        d2t=d2t,
-        prev_gate_table=prev_gate_table,
-    ).tokens
+    """Selector decode of a block: tokens [N, B] (draft-vocab indices). ``options`` are ``selector_walk``'s
+    (``temperature``, ``generator``, ``d2t``, ``prev_gate_table``); see there for the details."""
+    return selector_walk(base_logits, head, first_prev, hidden, k, **options).tokens
 
 
 @dataclass
@@ -154,10 +141,11 @@ def _sequential(
     head: MarkovHead | None,
     first_prev: torch.Tensor,
     hidden: torch.Tensor | None,
-    temperature: float,
-    generator: torch.Generator | None,
-    d2t: torch.Tensor | None,
+    *,
     keep_distributions: bool,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    d2t: torch.Tensor | None = None,
 ) -> torch.Tensor | SequentialWalk:
     _check_temperature(temperature)
     _check_inputs(base_logits, head, first_prev, hidden, d2t)
@@ -200,7 +188,16 @@ def sequential_decode(
     Works for every head type (the rnn state is carried across slots) and ``head=None``. Returns tokens [N, B]
     (draft indices); ``first_prev`` is a target id and drafted tokens are fed back through ``d2t``.
     """
-    return _sequential(base_logits, head, first_prev, hidden, temperature, generator, d2t, keep_distributions=False)
+    return _sequential(
+        base_logits,
+        head,
+        first_prev,
+        hidden,
+        keep_distributions=False,
+        temperature=temperature,
+        generator=generator,
+        d2t=d2t,
+    )
 
 
 def sequential_walk(
@@ -208,10 +205,8 @@ def sequential_walk(
     head: MarkovHead | None,
     first_prev: torch.Tensor,
     hidden: torch.Tensor | None,
-    *,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-    d2t: torch.Tensor | None = None,
+    **options,
 ) -> SequentialWalk:
-    """``sequential_decode`` that also returns the calibrated logits and the draft distribution q per slot."""
-    return _sequential(base_logits, head, first_prev, hidden, temperature, generator, d2t, keep_distributions=True)
+    """``sequential_decode`` (same ``options``: ``temperature``, ``generator``, ``d2t``) that also returns the
+    calibrated logits and the draft distribution q per slot."""
+    return _sequential(base_logits, head, first_prev, hidden, keep_distributions=True, **options)
