@@ -11,6 +11,8 @@ so that load from other processes on a shared machine affects them alike. Heads:
 by default (``precompute_prev_gate_table``, cached on the head: a [V, r] gather replaces the per-predecessor r x r
 gate product); it is also timed without it (``prev_gate_table=False``, the per-predecessor product), and the two
 walks' tokens are compared.
+``--compare REV`` also times the walk as it was at git revision REV (its ``selector/{topk,pairs,walks}.py``, imported
+as a temporary package) in the same interleaved loop, and checks that both walks draft the same tokens.
 
 Analytic cost per block row, in multiply-adds (MACs):
     sequential   B * Vd * r                      (+ gate B * (H + r) * r for hidden+prev)
@@ -22,10 +24,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import os
 import platform
+import resource
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,18 +56,45 @@ def repeats_for(vocab: int, batch: int, quick: bool) -> int:
 
 def interleaved_times_ms(fns: dict[str, object], repeats: int) -> dict[str, float]:
     """Median and minimum wall time (ms) of each function (keys ``{name}_ms`` and ``{name}_min_ms``); the calls are
-    interleaved so that load from other processes hits all of them alike."""
+    interleaved, in an order rotated every repeat, so that load from other processes hits all of them alike."""
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for repeat in range(repeats):
+        # rotate the order each repeat: a call right after the sequential decode finds colder caches
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
             start = time.perf_counter()
-            fn()
+            fns[name]()
             times[name].append((time.perf_counter() - start) * 1e3)
     medians = {f"{name}_ms": statistics.median(values) for name, values in times.items()}
     minima = {f"{name}_min_ms": min(values) for name, values in times.items()}
     return medians | minima
+
+
+def selector_at_revision(revision: str):
+    """The ``walks`` module of ``dspark_lightning.selector`` at a git revision, imported as a temporary package."""
+    root = Path(__file__).resolve().parents[1]
+    package = Path(tempfile.mkdtemp()) / "selector_at_revision"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("topk", "pairs", "walks"):
+        source = subprocess.run(
+            ["git", "-C", str(root), "show", f"{revision}:dspark_lightning/selector/{name}.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (package / f"{name}.py").write_text(source.replace("dspark_lightning.selector.", "selector_at_revision."))
+    sys.path.insert(0, str(package.parent))
+    return importlib.import_module("selector_at_revision.walks")
+
+
+def page_faults(fn) -> int:
+    """Minor page faults of one call (memory the allocator had returned to the OS and the call touches again)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
 def make_head(head_type: str, vocab: int) -> MarkovHead:
@@ -88,7 +121,7 @@ def macs_per_row(head_type: str, vocab: int) -> dict[str, int]:
     }
 
 
-def bench_case(head_type: str, vocab: int, batch: int, repeats: int) -> dict[str, object]:
+def bench_case(head_type: str, vocab: int, batch: int, repeats: int, old=None) -> dict[str, object]:
     torch.manual_seed(0)
     head = make_head(head_type, vocab)
     base = torch.randn(batch, BLOCK, vocab)
@@ -101,23 +134,36 @@ def bench_case(head_type: str, vocab: int, batch: int, repeats: int) -> dict[str
             "walk": lambda: selector_decode(base, head, first_prev, hidden, K),
             "topk": lambda: candidate_topk(base, K),
         }
+        if old is not None:
+            fns["walk_old"] = lambda: old.selector_decode(base, head, first_prev, hidden, K)
         if head_type == "gated":
             fns["walk_no_table"] = lambda: selector_decode(base, head, first_prev, hidden, K, prev_gate_table=False)
         row.update(interleaved_times_ms(fns, repeats))
         row.setdefault("walk_no_table_ms", "")
         row.setdefault("walk_no_table_min_ms", "")
+        row.setdefault("walk_old_ms", "")
+        row.setdefault("walk_old_min_ms", "")
         # sanity: the benchmark measures decodes that agree where the candidate sets allow it
         walk = selector_decode(base, head, first_prev, hidden, K)
         seq = sequential_decode(base, head, first_prev, hidden)
         row["agreement"] = float((walk == seq).double().mean())
         no_table = selector_decode(base, head, first_prev, hidden, K, prev_gate_table=False)
         row["table_equal"] = float((walk == no_table).double().mean())
+        for name in ("sequential", "walk", "walk_old"):
+            row[f"{name}_page_faults"] = page_faults(fns[name]) if name in fns else ""
+        row["old_equal"] = (
+            ""
+            if old is None
+            else float((walk == old.selector_decode(base, head, first_prev, hidden, K)).double().mean())
+        )
     macs = macs_per_row(head_type, vocab)
     row.update({f"{name}_macs_per_row": value for name, value in macs.items()})
     row["topk_elements_per_row"] = BLOCK * vocab
     row["speedup"] = row["sequential_ms"] / row["walk_ms"]
     row["speedup_no_table"] = row["sequential_ms"] / row["walk_no_table_ms"] if row["walk_no_table_ms"] != "" else ""
     row["speedup_of_minima"] = row["sequential_min_ms"] / row["walk_min_ms"]
+    row["old_over_new"] = row["walk_old_ms"] / row["walk_ms"] if old is not None else ""
+    row["old_over_new_of_minima"] = row["walk_old_min_ms"] / row["walk_min_ms"] if old is not None else ""
     return row
 
 
@@ -138,7 +184,12 @@ def machine_description() -> dict[str, str]:
 
 
 def write_results(
-    rows: list[dict[str, object]], machine: dict[str, str], stem: str, total_s: float, note: str = ""
+    rows: list[dict[str, object]],
+    machine: dict[str, str],
+    stem: str,
+    total_s: float,
+    note: str = "",
+    revision: str | None = None,
 ) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     fields = list(rows[0])
@@ -183,6 +234,22 @@ def write_results(
             f"| {row['walk_no_table_macs_per_row'] / 1e6:.1f} M | {row['agreement']:.0%} "
             f"| {row['table_equal']:.0%} |"
         )
+    if revision is not None:
+        lines += [
+            "",
+            f"Same-run A/B against the walk at `{revision}` (its `selector/{{topk,pairs,walks}}.py`, timed in the same "
+            "interleaved loop; `--compare`), with the minor page faults of one call:",
+            "",
+            f"| head | Vd | batch | walk ms | walk at {revision} ms | {revision} / this (medians) | (minima) "
+            "| tokens equal | page faults: walk / at rev / sequential |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in rows:
+            lines.append(
+                f"| {row['head']} | {row['vocab']} | {row['batch']} | {row['walk_ms']:.2f} | {row['walk_old_ms']:.2f} "
+                f"| {row['old_over_new']:.2f}× | {row['old_over_new_of_minima']:.2f}× | {row['old_equal']:.0%} "
+                f"| {row['walk_page_faults']} / {row['walk_old_page_faults']} / {row['sequential_page_faults']} |"
+            )
     lines += [
         "",
         "MACs per block row: sequential = B·Vd·r (+ B·(H+r)·r gate); walk = B·k²·r (+ B·H·r gate with the "
@@ -201,25 +268,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: smallest vocab only, 2 repeats")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--note", default="", help="a sentence about the run, added to the markdown")
+    parser.add_argument("--compare", metavar="REV", default=None, help="also time the walk at this git revision")
+    parser.add_argument("--vocabs", type=int, nargs="+", default=None, help=f"draft vocab sizes (default {VOCABS})")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     machine = machine_description()
-    vocabs = VOCABS[:1] if args.quick else VOCABS
+    vocabs = args.vocabs or (VOCABS[:1] if args.quick else VOCABS)
+    old = selector_at_revision(args.compare) if args.compare else None
     start = time.perf_counter()
     rows = []
     for vocab in vocabs:
         for batch in BATCHES:
             for head_type in HEADS:
-                row = bench_case(head_type, vocab, batch, repeats_for(vocab, batch, args.quick))
+                row = bench_case(head_type, vocab, batch, repeats_for(vocab, batch, args.quick), old)
                 rows.append(row)
                 print(
                     f"{head_type:8s} Vd={vocab:6d} batch={batch:2d}  sequential {row['sequential_ms']:9.2f} ms  "
-                    f"walk {row['walk_ms']:8.2f} ms  ({row['speedup']:.1f}x)  no table {row['walk_no_table_ms']}",
+                    f"walk {row['walk_ms']:8.2f} ms  ({row['speedup']:.1f}x)  no table {row['walk_no_table_ms']}  "
+                    f"at {args.compare} {row['walk_old_ms']}",
                     flush=True,
                 )
     stem = "selector_quick" if args.quick else "selector"
-    write_results(rows, machine, stem, time.perf_counter() - start, args.note)
+    write_results(rows, machine, stem, time.perf_counter() - start, args.note, args.compare)
     print(f"wrote {RESULTS}/selector{'_quick' if args.quick else ''}.{{csv,md}}")
 
 
