@@ -3,6 +3,8 @@
 - ``pair_scores`` / ``selector_walk`` without autograd (scratch buffers, ``selector.scratch``) are bitwise equal to the
   same calls with autograd on (plain allocating ops), for every pair form, float32 and float64, across shape changes,
   in inference mode and ``no_grad`` alternately, and in two threads at once; returned tensors never alias a buffer.
+- the greedy walk's doubling scan (small batches) makes exactly the choices of the slot loop and of a plain Python
+  walk, ties included (first maximum).
 - ``candidate_topk`` equals a float64 brute force (a full sort) for every search plan, including exact ties across
   groups and at the k-th value, and is the same with and without scratch buffers.
 """
@@ -15,8 +17,9 @@ import pytest
 import torch
 from test_selector import make_head as make_test_head
 
-from dspark_lightning.selector import candidate_topk, pair_scores, selector_walk
+from dspark_lightning.selector import candidate_topk, pair_scores, selector_walk, walk_pair_scores
 from dspark_lightning.selector.topk import _topk_plan
+from dspark_lightning.selector.walks import _SCAN_MAX_SCORES
 
 FORMS = [
     ("vanilla", "hidden+prev", "sigmoid"),
@@ -129,3 +132,34 @@ def test_candidate_topk_equals_brute_force_with_ties(vocab, k):
         plain = allocating(candidate_topk, logits, k)
         assert torch.equal(fast[0], plain[0]) and torch.equal(fast[1], plain[1])  # ties too: same kernels, same order
     assert torch.equal(candidate_topk(distinct, k)[1], distinct.double().sort(-1, descending=True).indices[..., :k])
+
+
+def python_greedy_walk(scores):
+    """Choices [N, B] of the greedy walk, one row and slot at a time (first maximum on ties)."""
+    n_rows, block, k, _ = scores.shape
+    choices = torch.empty(n_rows, block, dtype=torch.long)
+    for n in range(n_rows):
+        previous = 0
+        for t in range(block):
+            row = scores[n, t, previous].tolist()
+            previous = row.index(max(row))
+            choices[n, t] = previous
+    return choices
+
+
+@pytest.mark.parametrize("block", [1, 2, 5, 16, 17])
+def test_greedy_scan_equals_the_slot_loop_and_a_python_walk(block):
+    k, n_rows = 16, 70
+    generator = torch.Generator().manual_seed(block)
+    for scores in (
+        torch.randn(n_rows, block, k, k, generator=generator),
+        torch.randint(0, 3, (n_rows, block, k, k), generator=generator).float(),  # ties: first maximum wins
+    ):
+        candidates = torch.randint(0, 100, (n_rows, block, k), generator=generator)
+        assert scores.numel() > _SCAN_MAX_SCORES >= scores[:1].numel()  # the batch loops, each row alone scans
+        batched = walk_pair_scores(candidates, scores, vocab_size=100)
+        assert torch.equal(batched.choices, python_greedy_walk(scores))
+        for n in range(n_rows):
+            alone = walk_pair_scores(candidates[n : n + 1], scores[n : n + 1], vocab_size=100)
+            for field in ("tokens", "choices", "path_scores", "probs"):
+                assert torch.equal(getattr(alone, field), getattr(batched, field)[n : n + 1]), field
