@@ -28,13 +28,13 @@ def small_run_args(run_dir: Path, steps: int, extra: list[str] = ()) -> list[str
     return [
         "--config",
         str(ROOT / "configs/quickstart.yaml"),
-        f"--model.target={ROOT / 'assets/demo-target'}",
+        f"--model.target.path={ROOT / 'assets/demo-target'}",
         f"--data.train_files={TRAIN}",
         f"--data.val_files={VAL}",
         "--data.seq_len=128",
         "--data.batch_size=2",
         "--data.limit_val_samples=16",
-        "--model.max_anchors=8",
+        "--model.drafter.max_anchors=8",
         f"--trainer.max_steps={steps}",
         f"--trainer.val_check_interval={steps}",
         "--trainer.limit_val_batches=4",
@@ -157,7 +157,7 @@ def test_every_head_config_trains(head, tmp_path):
         assert 0.0 <= float(metrics["train/candidate_recall@16"]) <= 1.0
         assert torch.isfinite(metrics["train/loss_candidate"])
     expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated"}[head]
-    assert (cli.model.drafter.markov_head.head_type if cli.model.drafter.markov_head else None) == expected
+    assert (cli.model.drafter.markov_head.kind if cli.model.drafter.markov_head else None) == expected
 
 
 def expand(line: str, variables: dict[str, str]) -> str:
@@ -227,7 +227,11 @@ def test_recorded_command_lines_parse_back_to_the_same_call():
     calls = {
         "report": {"output": "out dir", "heads": ["none", "gated"], "block_sizes": [8], "budget": Budget(steps=20)},
         "loss-study": {"output": "o", "losses": ["kl"], "seeds": [0, 3], "dpace": False, "threads": 2},
-        "report-smollm2": {"output": "o", "heads": ["vanilla"], "fit_args": ["--model.max_anchors=32", "--x=[1,2]"]},
+        "report-smollm2": {
+            "output": "o",
+            "heads": ["vanilla"],
+            "fit_args": ["--model.drafter.max_anchors=32", "--x=[1,2]"],
+        },
     }
     for name, given in calls.items():
         parser = command_parser(name)

@@ -134,7 +134,7 @@ def test_export_refuses_a_non_empty_directory_and_overwrite_leaves_no_stale_file
 def test_missing_target_path_is_named(tmp_path):
     missing = tmp_path / "no-such-target"
     with pytest.raises(FileNotFoundError, match=rf"{missing}.*does not exist.*model\.target"):
-        cli_main(["fit", *fit_args(tmp_path, extra=(f"--model.target={missing}",))])
+        cli_main(["fit", *fit_args(tmp_path, extra=(f"--model.target.path={missing}",))])
 
 
 def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):

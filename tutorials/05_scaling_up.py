@@ -54,8 +54,9 @@ configs = {
     "Qwen3-8B": "configs/qwen3_8b_sharegpt.yaml",
 }
 keys = [
-    "model.target", "model.target_dtype", "model.block_size", "model.num_layers", "model.target_layer_ids",
-    "model.max_anchors", "model.markov_head.init_args.rank", "model.gamma", "model.attention_backend",
+    "model.target.path", "model.target.dtype", "model.drafter.block_size", "model.drafter.num_layers",
+    "model.drafter.target_layer_ids", "model.drafter.max_anchors", "model.drafter.markov_head.rank", "model.loss.gamma",
+    "model.drafter.attention_backend",
     "model.optimizer.init_args.lr", "data.train_files", "data.seq_len", "data.batch_size", "data.mask_token",
     "trainer.accelerator", "trainer.devices", "trainer.precision", "trainer.max_steps",
 ]  # fmt: skip
@@ -88,7 +89,7 @@ pd.DataFrame(table)
 #   chunks so the `(A·B) x Vd` logits never exist in several fp32 copies).
 # - **`gamma`** of the `exp(-k/gamma)` position weights grows with the block size, so late slots still learn.
 # - **`attention_backend: flex`** compiles FlexAttention block masks on CUDA (SDPA with a dense mask on CPU).
-# - **Precision**: `bf16-mixed` for the drafter; the frozen target is loaded in `target_dtype`.
+# - **Precision**: `bf16-mixed` for the drafter; the frozen target is loaded in `model.target.dtype`.
 # - **Data**: a hub ShareGPT dataset, streamed (never downloaded whole); train on *on-policy* data - the target's
 #   own answers - for a drafter that matches what the target will actually generate:
 
