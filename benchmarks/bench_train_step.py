@@ -65,8 +65,8 @@ QUICK_CONFIG = {
                  target_layer_ids=[1], vocab=2048, seq_len=256, docs=2, markov_rank=32, block_size=8,
                  max_anchors=16, markov_kind="vanilla"),
 }
-COLUMNS = """config hidden layers vocab seq_len block_size anchors markov_rank markov_kind threads steps_per_side ours_ms
-theirs_ms ratio ratio_rounds ours_min_ms theirs_min_ms ours_forward_ms ours_backward_ms ours_optimizer_ms theirs_forward_ms
+COLUMNS = """config hidden layers vocab seq_len block_size anchors markov_rank markov_kind threads steps_per_side
+ours_ms theirs_ms ratio ratio_rounds ours_min_ms theirs_min_ms ours_forward_ms ours_backward_ms ours_optimizer_ms theirs_forward_ms
 theirs_backward_ms theirs_optimizer_ms ours_peak_rss_mib theirs_peak_rss_mib ours_params theirs_params reference""".split()
 # fmt: on
 

@@ -8,8 +8,8 @@ trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluat
 code as ``dspark-lightning report``); with ``--recipe smollm2`` the base config is ``configs/smollm2_sharegpt.yaml``
 (SmolLM2-135M-Instruct from its offline feature cache, trained and measured by ``report-smollm2``'s functions, without
 its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's),
-with ``seed_everything``, ``model.training.seed`` and ``data.seed`` set to the seed, so seeds change the initialisation, the
-anchors and the data order. Runs go seed by seed; after the first seed's pass over the listed losses, the one with
+with ``seed_everything``, ``model.training.seed`` and ``data.seed`` set to the seed, so seeds change the
+initialisation, the anchors and the data order. Runs go seed by seed; after the first seed's pass over the listed losses, the one with
 the highest teacher-forced tau is trained with D-PACE position weighting (``--model.loss.position_weighting dpace``;
 ``--dpace false`` skips it) in every pass. The report is rewritten after every run.
 

@@ -283,8 +283,8 @@ def check_fit(ctx: Context) -> dict:
     callbacks = [{"class_path": f"dspark_lightning.lightning.callbacks.{name}"} for name in names]
     smoke = "--data.seq_len=128 --data.batch_size=2 --data.limit_val_samples=8 --model.drafter.max_anchors=8"
     fixed = (
-        "--trainer.devices=1 --trainer.limit_val_batches=2 --trainer.log_every_n_steps=1 --model.training.lr_warmup_steps=5 "
-        "--trainer.enable_checkpointing=false --trainer.enable_progress_bar=false"
+        "--trainer.devices=1 --trainer.limit_val_batches=2 --trainer.log_every_n_steps=1 "
+        "--model.training.lr_warmup_steps=5 --trainer.enable_checkpointing=false --trainer.enable_progress_bar=false"
     )
     argv = [
         "fit",

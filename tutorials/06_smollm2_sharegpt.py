@@ -118,7 +118,8 @@ cli = cli_main([
     "fit", "--config", str(REPO / "configs/smollm2_sharegpt.yaml"), f"--model.target.path={target}",
     f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}",
     f"--model.drafter.draft_vocab={REPO / 'assets/smollm2/draft_vocab.safetensors'}", "--data.seq_len=256",
-    "--model.drafter.max_anchors=8", "--trainer.max_steps=4", "--trainer.val_check_interval=4", "--trainer.limit_val_batches=1",
+    "--model.drafter.max_anchors=8", "--trainer.max_steps=4", "--trainer.val_check_interval=4",
+    "--trainer.limit_val_batches=1",
     "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={WORK / 'runs'}",
 ])  # fmt: skip
 print("drafter vocabulary:", cli.model.drafter.draft_vocab_size, "of", cli.model.target.vocab_size, "tokens")

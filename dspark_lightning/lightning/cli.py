@@ -3,7 +3,7 @@
 Below the commands, so a command that trains (``report``, ``loss-study``, ``report-smollm2``) runs exactly what
 ``dspark-lightning fit`` runs without importing the command table above it.
 
-The model's options are four groups (``model.target.path``, ``model.drafter``, ``model.loss.weights``, ``model.training``; see
+The model's options are four groups (``model.target``, ``model.drafter``, ``model.loss``, ``model.training``; see
 ``lightning/config.py``) plus the ``optimizer``/``scheduler`` callables. Values that the data and the model share are
 linked, never repeated in YAML: the tokenizer is the target's (``model.target.path`` -> ``data.tokenizer``), the block
 size goes to the data module (``model.drafter.block_size`` -> ``data.block_size``) and the mask token id comes from

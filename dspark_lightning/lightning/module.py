@@ -20,8 +20,8 @@ Design choices:
   config, input embedding and LM head are loaded (``TargetHeads``), and every batch must carry ``context_features``
   and ``final_hidden``. Checkpoints are the same in both modes (the frozen tensors are dropped either way). A batch
   that carries features is used as it is in online mode too (the target is then not run).
-- ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/backbone.py``) chooses how training anchors are
-  shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
+- ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/backbone.py``) chooses how training anchors
+  are shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
   (sum states over the epoch) report the fraction of supervised tokens that some block predicts.
 - Sharded training (``configs/strategy/fsdp.yaml``): ``configure_model`` wraps every target decoder layer and every
   draft layer as its own FSDP unit when the strategy provides a wrapping context (and does nothing otherwise), so the
