@@ -49,16 +49,16 @@ def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length:
         head = module.drafter.markov_head
         description = (
             f"drafter trained for {steps} steps (checkpoint `{Path(ckpt).name}`: {module.drafter.config.num_layers} "
-            f"layer(s), B = {module.drafter.block_size}, {head.head_type if head else 'no'} Markov head) on "
-            f"`{module.hparams.target}`, its validation eval prompts"
+            f"layer(s), B = {module.drafter.block_size}, {head.kind if head else 'no'} Markov head) on "
+            f"`{module.target_args.path}`, its validation eval prompts"
         )
         return module.target, module.drafter, prompts, description
     from benchmarks.bench_scaling import _mask_token_id
-    from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
+    from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
     frozen = FrozenTarget.from_pretrained(str(target), num_draft_layers=1)
     torch.manual_seed(0)
-    config = DrafterConfig(block_size=8, mask_token_id=_mask_token_id(target), markov_head=VanillaMarkov(rank=64))
+    config = DrafterConfig(block_size=8, mask_token_id=_mask_token_id(target), markov_head=MarkovHeadConfig(rank=64))
     drafter = DSparkDrafter.for_target(config, frozen).eval()
     vocab = frozen.config.vocab_size
     g = torch.Generator().manual_seed(0)

@@ -118,8 +118,9 @@ def tensor_peak(fn) -> int:
 def build_module(shape: Shape, directory: Path, device: str, dtype: torch.dtype, block: int, rank: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from dspark_lightning.lightning.config import LossArgs, TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
-    from dspark_lightning.models import VanillaMarkov
+    from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
 
     config = Qwen3Config(
         vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
@@ -128,10 +129,10 @@ def build_module(shape: Shape, directory: Path, device: str, dtype: torch.dtype,
     )  # fmt: skip
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).to(dtype).save_pretrained(directory)
-    module = DSparkModule(
-        target=str(directory), block_size=block, mask_token_id=shape.vocab - 1, markov_head=VanillaMarkov(rank=rank),
-        loss={"ce": 0.1, "tv": 0.9}, target_dtype="auto", max_anchors=16,
-    )  # fmt: skip
+    drafter = DrafterConfig(
+        block_size=block, mask_token_id=shape.vocab - 1, markov_head=MarkovHeadConfig(rank=rank), max_anchors=16
+    )
+    module = DSparkModule(TargetArgs(str(directory), dtype="auto"), drafter, LossArgs(weights={"ce": 0.1, "tv": 0.9}))
     return module.to(device).train()
 
 
@@ -153,7 +154,7 @@ def packed_row(seq_len: int, vocab: int, device: str, doc_len: int = 512) -> dic
 def measure(module, shape: Shape, seq_len: int, anchors: int, device: str) -> dict[str, float]:
     """Dynamic peak bytes and seconds of the target forward and of the drafter step (features in the batch)."""
     batch = packed_row(seq_len, shape.vocab, device)
-    module.hparams.max_anchors = anchors
+    module.drafter.config.max_anchors = anchors  # the module samples the training anchors with the drafter's config
     cuda = device.startswith("cuda")
 
     def target_forward():

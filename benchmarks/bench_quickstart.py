@@ -39,7 +39,7 @@ TARGET_S = 300.0
 TIMEOUT_S = 900.0  # a run still going after 15 minutes is stopped and reported as such
 QUICK_OVERRIDES = [
     "--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
-    "--model.lr_warmup_steps", "2", "--data.shuffle_buffer", "8",
+    "--model.training.lr_warmup_steps", "2", "--data.shuffle_buffer", "8",
 ]  # fmt: skip
 COLUMNS = [
     "mode", "omp_num_threads", "torch_threads", "wall_s", "target_s", "met", "exit_code", "steps", "s_per_step",

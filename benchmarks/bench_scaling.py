@@ -48,22 +48,20 @@ COLUMNS = [
 
 
 def build_module(target: Path = TARGET):
+    from dspark_lightning.lightning.config import LossArgs, TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
-    from dspark_lightning.models import VanillaMarkov
+    from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
 
-    tokenizer_mask = _mask_token_id(target)
-    module = DSparkModule(
-        target=str(target),
+    drafter = DrafterConfig(
         block_size=BLOCK,
         num_layers=1,
         max_anchors=SEQ_ANCHORS,
-        mask_token_id=tokenizer_mask,
-        markov_head=VanillaMarkov(rank=RANK),
+        mask_token_id=_mask_token_id(target),
+        markov_head=MarkovHeadConfig(rank=RANK),
         confidence_head=True,
         confidence_with_markov=True,
-        loss={"ce": 0.1, "tv": 0.9},
-        target_dtype="float32",
     )
+    module = DSparkModule(TargetArgs(str(target), dtype="float32"), drafter, LossArgs(weights={"ce": 0.1, "tv": 0.9}))
     return module.train()
 
 
@@ -112,8 +110,7 @@ def measure(module, batch: dict, features: dict, anchors: int, repeats: int, ada
     from dspark_lightning.metrics import AcceptanceMetrics
     from dspark_lightning.models import TargetFeatures
 
-    module.hparams.max_anchors = anchors  # the module samples the training anchors ...
-    module.drafter.config.max_anchors = anchors  # ... (or, in older versions, the drafter does)
+    module.drafter.config.max_anchors = anchors  # the module samples the training anchors with the drafter's config
     batch = {**batch, **features}  # the offline-cache path of ``shared_step``
     if not hasattr(module, "target_features"):  # a module without that path: serve them from the target instead
         cached = TargetFeatures(features["context_features"], features["final_hidden"])

@@ -97,13 +97,13 @@ def page_faults(fn) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-def make_head(head_type: str, vocab: int) -> MarkovHead:
+def make_head(kind: str, vocab: int) -> MarkovHead:
     head = MarkovHead(
         verifier_vocab_size=vocab,
         draft_vocab_size=vocab,
         rank=RANK,
         hidden_size=HIDDEN,
-        head_type=head_type,
+        kind=kind,
         gate_input="hidden+prev",
         gate_activation="sigmoid",
     )
@@ -112,8 +112,8 @@ def make_head(head_type: str, vocab: int) -> MarkovHead:
     return head.eval().requires_grad_(False)
 
 
-def macs_per_row(head_type: str, vocab: int) -> dict[str, int]:
-    gated = head_type == "gated"
+def macs_per_row(kind: str, vocab: int) -> dict[str, int]:
+    gated = kind == "gated"
     return {
         "sequential": BLOCK * vocab * RANK + (BLOCK * (HIDDEN + RANK) * RANK if gated else 0),
         "walk": BLOCK * K * K * RANK + (BLOCK * HIDDEN * RANK if gated else 0),
@@ -121,13 +121,13 @@ def macs_per_row(head_type: str, vocab: int) -> dict[str, int]:
     }
 
 
-def bench_case(head_type: str, vocab: int, batch: int, repeats: int, old=None) -> dict[str, object]:
+def bench_case(kind: str, vocab: int, batch: int, repeats: int, old=None) -> dict[str, object]:
     torch.manual_seed(0)
-    head = make_head(head_type, vocab)
+    head = make_head(kind, vocab)
     base = torch.randn(batch, BLOCK, vocab)
     hidden = torch.randn(batch, BLOCK, HIDDEN)
     first_prev = torch.randint(0, vocab, (batch,))
-    row: dict[str, object] = {"head": head_type, "vocab": vocab, "batch": batch, "repeats": repeats}
+    row: dict[str, object] = {"head": kind, "vocab": vocab, "batch": batch, "repeats": repeats}
     with torch.inference_mode():
         fns = {
             "sequential": lambda: sequential_decode(base, head, first_prev, hidden),
@@ -136,7 +136,7 @@ def bench_case(head_type: str, vocab: int, batch: int, repeats: int, old=None) -
         }
         if old is not None:
             fns["walk_old"] = lambda: old.selector_decode(base, head, first_prev, hidden, K)
-        if head_type == "gated":
+        if kind == "gated":
             fns["walk_no_table"] = lambda: selector_decode(base, head, first_prev, hidden, K, prev_gate_table=False)
         row.update(interleaved_times_ms(fns, repeats))
         row.setdefault("walk_no_table_ms", "")
@@ -156,7 +156,7 @@ def bench_case(head_type: str, vocab: int, batch: int, repeats: int, old=None) -
             if old is None
             else float((walk == old.selector_decode(base, head, first_prev, hidden, K)).double().mean())
         )
-    macs = macs_per_row(head_type, vocab)
+    macs = macs_per_row(kind, vocab)
     row.update({f"{name}_macs_per_row": value for name, value in macs.items()})
     row["topk_elements_per_row"] = BLOCK * vocab
     row["speedup"] = row["sequential_ms"] / row["walk_ms"]
@@ -280,11 +280,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for vocab in vocabs:
         for batch in BATCHES:
-            for head_type in HEADS:
-                row = bench_case(head_type, vocab, batch, repeats_for(vocab, batch, args.quick), old)
+            for kind in HEADS:
+                row = bench_case(kind, vocab, batch, repeats_for(vocab, batch, args.quick), old)
                 rows.append(row)
                 print(
-                    f"{head_type:8s} Vd={vocab:6d} batch={batch:2d}  sequential {row['sequential_ms']:9.2f} ms  "
+                    f"{kind:8s} Vd={vocab:6d} batch={batch:2d}  sequential {row['sequential_ms']:9.2f} ms  "
                     f"walk {row['walk_ms']:8.2f} ms  ({row['speedup']:.1f}x)  no table {row['walk_no_table_ms']}  "
                     f"at {args.compare} {row['walk_old_ms']}",
                     flush=True,

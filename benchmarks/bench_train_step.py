@@ -57,16 +57,16 @@ LOSS = {"ce": 0.1, "tv": 0.9}
 _BASE = dict(hidden=256, heads=8, kv_heads=4, head_dim=32, intermediate=768, target_layers=4, num_layers=2,
              target_layer_ids=[1, 2], vocab=16384, seq_len=1024, docs=4, markov_rank=128)
 CONFIGS = {
-    "vanilla-B8": {**_BASE, "block_size": 8, "max_anchors": 128, "head_type": "vanilla"},
-    "gated-B16": {**_BASE, "block_size": 16, "max_anchors": 64, "head_type": "gated"},
+    "vanilla-B8": {**_BASE, "block_size": 8, "max_anchors": 128, "markov_kind": "vanilla"},
+    "gated-B16": {**_BASE, "block_size": 16, "max_anchors": 64, "markov_kind": "gated"},
 }
 QUICK_CONFIG = {
     "tiny": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, target_layers=2, num_layers=1,
                  target_layer_ids=[1], vocab=2048, seq_len=256, docs=2, markov_rank=32, block_size=8,
-                 max_anchors=16, head_type="vanilla"),
+                 max_anchors=16, markov_kind="vanilla"),
 }
-COLUMNS = """config hidden layers vocab seq_len block_size anchors markov_rank head_type threads steps_per_side ours_ms
-theirs_ms ratio ratio_rounds ours_min_ms theirs_min_ms ours_forward_ms ours_backward_ms ours_optimizer_ms theirs_forward_ms
+COLUMNS = """config hidden layers vocab seq_len block_size anchors markov_rank markov_kind threads steps_per_side
+ours_ms theirs_ms ratio ratio_rounds ours_min_ms theirs_min_ms ours_forward_ms ours_backward_ms ours_optimizer_ms theirs_forward_ms
 theirs_backward_ms theirs_optimizer_ms ours_peak_rss_mib theirs_peak_rss_mib ours_params theirs_params reference""".split()
 # fmt: on
 
@@ -157,16 +157,15 @@ def ours_worker(config_path: str) -> None:
     torch.manual_seed(cfg["seed"])
     from safetensors.torch import load_file
 
+    from dspark_lightning.lightning.config import LossArgs, TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
     from dspark_lightning.metrics import AcceptanceMetrics
-    from dspark_lightning.models import GatedMarkov, TargetFeatures, VanillaMarkov
+    from dspark_lightning.models import DrafterConfig, MarkovHeadConfig, TargetFeatures
 
     rank = cfg["markov_rank"]
-    head = VanillaMarkov(rank=rank) if cfg["head_type"] == "vanilla" else GatedMarkov(rank=rank)
-    module = DSparkModule(
-        target=cfg["target_dir"],
+    head = MarkovHeadConfig(rank=rank) if cfg["markov_kind"] == "vanilla" else MarkovHeadConfig("gated", rank)
+    drafter = DrafterConfig(
         target_layer_ids=cfg["target_layer_ids"],
-        target_dtype="float32",
         block_size=cfg["block_size"],
         num_layers=cfg["num_layers"],
         max_anchors=cfg["max_anchors"],
@@ -175,9 +174,9 @@ def ours_worker(config_path: str) -> None:
         markov_head=head,
         confidence_head=True,
         confidence_with_markov=True,
-        loss=cfg["loss"],
-        gamma=cfg["gamma"],
     )
+    loss = LossArgs(weights=cfg["loss"], gamma=cfg["gamma"])
+    module = DSparkModule(TargetArgs(cfg["target_dir"], dtype="float32"), drafter, loss)
     inputs = load_file(cfg["inputs"])
     batch = dict(inputs)  # precomputed target features ride with the batch (the offline-cache path), as theirs do
     if not hasattr(module, "target_features"):  # a module without that path: serve them from the target instead
@@ -339,7 +338,7 @@ def bench_config(
     # fmt: off
     row = {"config": name, "hidden": cfg["hidden"], "layers": cfg["num_layers"], "vocab": cfg["vocab"],
            "seq_len": cfg["seq_len"], "block_size": cfg["block_size"], "anchors": cfg["max_anchors"],
-           "markov_rank": cfg["markov_rank"], "head_type": cfg["head_type"], "threads": threads,
+           "markov_rank": cfg["markov_rank"], "markov_kind": cfg["markov_kind"], "threads": threads,
            "steps_per_side": len(times["ours"])}
     # fmt: on
     for side in ("ours", "theirs"):
@@ -390,7 +389,7 @@ def write_results(rows: list[dict], machine: dict, out_dir: Path, stem: str, not
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['hidden']} | {r['layers']} | {r['vocab']} | {r['seq_len']} | {r['block_size']} "
-            f"| {r['anchors']} | {r['markov_rank']} | {r['head_type']} | {_fmt(r['ours_ms'])} | "
+            f"| {r['anchors']} | {r['markov_rank']} | {r['markov_kind']} | {_fmt(r['ours_ms'])} | "
             f"{_fmt(r['theirs_ms'])} | {_fmt(r['ratio'], '.2f')}{'×' if r['ratio'] != '' else ''} | "
             f"{_fmt(r['ratio_rounds'], '.2f')}{'×' if r['ratio_rounds'] != '' else ''} | "
             f"{_fmt(r['ours_min_ms'])} | {_fmt(r['theirs_min_ms'])} | {r['steps_per_side']} |"

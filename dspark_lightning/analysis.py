@@ -32,8 +32,10 @@ import torch
 
 from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
 from dspark_lightning.evaluate import decode_table
+from dspark_lightning.lightning.config import migrate_hparams
 from dspark_lightning.lightning.step import evaluation_steps
 from dspark_lightning.metrics import bin_sums
+from dspark_lightning.models.markov import MarkovHeadConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,16 +90,16 @@ def demo_fit_args(
     return [
         f"--config={root / 'configs/quickstart.yaml'}",
         f"--config={root / 'configs/heads' / head}.yaml",
-        f"--model.target={root / 'assets/demo-target'}",
+        f"--model.target.path={root / 'assets/demo-target'}",
         f"--data.train_files={root / 'assets/data/regenerated'}/train-*.jsonl",
         f"--data.val_files={root / 'assets/data/sharegpt'}/validation-*.jsonl",
-        f"--model.block_size={block_size}",
+        f"--model.drafter.block_size={block_size}",
         f"--data.seq_len={seq_len}",
         f"--data.batch_size={batch_size}",
         f"--data.limit_val_samples={val_samples}",
         f"--data.num_eval_prompts={eval_prompts}",
-        f"--model.max_anchors={max_anchors}",
-        f"--model.lr_warmup_steps={max(1, min(40, steps // 10))}",
+        f"--model.drafter.max_anchors={max_anchors}",
+        f"--model.training.lr_warmup_steps={max(1, min(40, steps // 10))}",
         f"--trainer.max_steps={steps}",
         f"--trainer.val_check_interval={steps}",
         f"--trainer.limit_val_batches={val_batches}",
@@ -155,23 +157,12 @@ def command_line(name: str, function, values: dict) -> str:
     return " ".join(words)
 
 
-HEAD_CLASSES = {"VanillaMarkov": "vanilla", "GatedMarkov": "gated", "SelectorMarkov": "selector", "RnnMarkov": "rnn"}
-
-
 def run_label(model: dict) -> tuple[str, int]:
     """(head name, block size) from a run's ``model`` settings: the ``model:`` section of its ``config.yaml`` (as
     LightningCLI saved it) or the module's hyper-parameters (``module.hparams``)."""
-    head = model.get("markov_head")
-    if not head:
-        name = "none"
-    else:
-        if not isinstance(head, dict):  # a MarkovHeadConfig object
-            head = {"class_path": type(head).__name__, "init_args": head.as_dict()}
-        args = head.get("init_args") or {}
-        name = HEAD_CLASSES.get(str(head.get("class_path", "")).rsplit(".", 1)[-1]) or args.get("head_type", "vanilla")
-        if name == "gated" and (args.get("gate_input"), args.get("gate_activation")) == ("hidden", "identity"):
-            name = "selector"
-    return name, int(model.get("block_size", 8))
+    drafter = migrate_hparams(model).get("drafter") or {}
+    head = MarkovHeadConfig.coerce(drafter.get("markov_head"))
+    return ("none" if head is None else head.label), int(drafter.get("block_size", 8))
 
 
 def find_runs(root: str | Path) -> list[Path]:

@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 
-from dspark_lightning.models import markov
-
 
 class NonFiniteError(FloatingPointError):
     """A loss, gradient or stored tensor holds NaN or infinity."""
@@ -21,18 +19,14 @@ class NonFiniteError(FloatingPointError):
 def read_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> dict:
     """``torch.load(weights_only=True)`` of a Lightning checkpoint, with errors that name ``option`` and the file.
 
-    Current checkpoints hold only plain data (the Markov head as a class_path dict); older ones pickled the head config
-    object, so our own config classes (and nothing else) are allowed.
+    Checkpoints hold only plain data (dicts, lists, numbers, strings and tensors), so nothing else is unpickled.
     """
     path = Path(path)
     if not path.is_file():
         kind = "is a directory, not a checkpoint file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"{option} {str(path)!r} {kind}")
-    allowed = [markov.MarkovHeadConfig, markov.VanillaMarkov, markov.GatedMarkov, markov.SelectorMarkov]
-    allowed.append(markov.RnnMarkov)
     try:
-        with torch.serialization.safe_globals(allowed):
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch's own message suggests weights_only=False, which we never use
         first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise ValueError(

@@ -6,7 +6,8 @@ options, so each command takes ``--help``, ``--config FILE`` and ``--print_confi
 spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes '[parallel,markov]'``), flags take a value
 (``--dry_run true``).
 
-    dspark-lightning fit --config configs/quickstart.yaml [--config configs/heads/gated.yaml] [--model.block_size 16]
+    dspark-lightning fit --config configs/quickstart.yaml [--config configs/heads/gated.yaml]
+    dspark-lightning fit --config configs/quickstart.yaml --model.drafter.block_size 16
     dspark-lightning validate --config configs/quickstart.yaml --ckpt_path runs/.../last.ckpt
     dspark-lightning regenerate --target assets/demo-target --data 'assets/data/sharegpt/train-*.jsonl' --output DIR
     dspark-lightning decode --config decode.yaml --print_config

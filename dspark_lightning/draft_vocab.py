@@ -3,7 +3,7 @@
     dspark-lightning draft-vocab --tokenizer assets/demo-target --data 'assets/data/sharegpt/train-*.jsonl' \\
         --size 1024 --output runs/draft_vocab.safetensors
 
-then train with ``model.draft_vocab: runs/draft_vocab.safetensors`` (read by ``DSparkModule`` /
+then train with ``model.drafter.draft_vocab: runs/draft_vocab.safetensors`` (read by ``DSparkModule`` /
 ``load_draft_vocab``): the LM head and the Markov head's W2 then cover only those Vd tokens, and ``export`` writes
 them in the speculators layout (offset ``d2t``, bool ``t2d``).
 
@@ -180,7 +180,7 @@ def draft_vocab_command(
         tokenizer: the target's tokenizer (path or hub id)
         data: ShareGPT files / globs (quoted) / dirs, or a hub dataset id; one or a list
         size: draft vocabulary size Vd
-        output: output .safetensors file (for model.draft_vocab)
+        output: output .safetensors file (for model.drafter.draft_vocab)
         vocab_size: verifier vocabulary V (default: the model config's)
         seq_len: longest conversation counted (tokens)
         max_rows: stop after this many packed rows

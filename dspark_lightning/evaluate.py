@@ -45,11 +45,11 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     checkpoint = read_checkpoint(ckpt_path)  # a clear error for a missing or non-checkpoint file
     # decoding needs the whole target, also for a drafter trained from an offline feature cache
     module = load_checkpoint_module(
-        ckpt_path, checkpoint=checkpoint, where=f"--ckpt_path {ckpt_path}", target_features="online"
+        ckpt_path, checkpoint=checkpoint, where=f"--ckpt_path {ckpt_path}", features="online"
     ).to(map_location)
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     data_kwargs.pop("_instantiator", None)
-    data_kwargs.setdefault("tokenizer", module.hparams.target)
+    data_kwargs.setdefault("tokenizer", module.target_args.path)
     data_kwargs.update({k: v for k, v in data_overrides.items() if v is not None})
     return module, ShareGPTDataModule(**data_kwargs)
 
@@ -259,7 +259,7 @@ def decode_command(
     if cost_model:
         from dspark_lightning.decoding import measure_verify_cost
 
-        cost = measure_verify_cost(module.target, max_block=module.hparams.block_size)
+        cost = measure_verify_cost(module.target, max_block=module.drafter_config.block_size)
         print(f"measured verify cost T(n) = {cost[0] * 1e3:.2f} ms + {cost[1] * 1e3:.3f} ms * n")
         schedules.append(("cost", *cost))
     if baseline and temperature > 0:

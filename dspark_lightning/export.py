@@ -45,7 +45,7 @@ def exported_tensors(
     head = drafter.markov_head
     if candidate_selector and _gate_form(head) != DFLASH2_FORM:
         raise ValueError(
-            "candidate_selector=True needs a DFlash-2 form Markov head (SelectorMarkov: gated, gate_input 'hidden', "
+            "candidate_selector=True needs a DFlash-2 form Markov head (kind 'gated', gate_input 'hidden', "
             f"gate_activation 'identity'); this drafter has {head!r}"
         )
     tensors = {}
@@ -71,32 +71,19 @@ def export_drafter(
     drafter: DSparkDrafter,
     output_dir: str | os.PathLike,
     *,
-    verifier_name_or_path: str,
     dtype: str | torch.dtype = "bfloat16",
     candidate_selector: bool = False,
-    selector_top_k: int = 16,
-    target_config=None,
-    target_layer_ids: list[int] | None = None,
+    **config_options,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` for ``drafter`` into ``output_dir``; returns the directory.
 
-    ``verifier_name_or_path`` is recorded as the verifier (hub id or path); ``target_config`` (a dict or
-    ``PretrainedConfig``, default: read from ``verifier_name_or_path/config.json`` when it is local) supplies the
-    verifier architectures, max positions and special token ids; ``target_layer_ids`` is needed only when the
-    drafter's config does not name its target layers (``DSparkDrafter.for_target`` leaves them to the target).
+    ``config_options`` are ``build_config``'s: ``verifier_name_or_path`` (required), ``selector_top_k``,
+    ``target_config`` and ``target_layer_ids``.
     """
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     tensors = exported_tensors(drafter, dtype, candidate_selector)
-    config = build_config(
-        drafter,
-        verifier_name_or_path=verifier_name_or_path,
-        dtype=dtype,
-        candidate_selector=candidate_selector,
-        selector_top_k=selector_top_k,
-        target_config=target_config,
-        target_layer_ids=target_layer_ids,
-    )
+    config = build_config(drafter, dtype=dtype, candidate_selector=candidate_selector, **config_options)
     save_file(tensors, str(output / WEIGHTS_NAME), metadata={"format": "pt"})
     (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     return output
@@ -130,19 +117,19 @@ def export_checkpoint(
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
         raise FileExistsError(f"--output {str(output)!r} exists and is not empty: pass --overwrite true to replace it")
     module = load_checkpoint_module(ckpt_path, target)
-    hp = module.hparams
-    if verifier_name_or_path is None and Path(hp.target).is_dir():
-        verifier_name_or_path = str(Path(hp.target).resolve())
+    target_path = module.target_args.path
+    if verifier_name_or_path is None and Path(target_path).is_dir():
+        verifier_name_or_path = str(Path(target_path).resolve())
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         export_drafter(
             module.drafter,
             staging,
-            verifier_name_or_path=verifier_name_or_path or hp.target,
+            verifier_name_or_path=verifier_name_or_path or target_path,
             dtype=dtype,
             candidate_selector=candidate_selector,
-            selector_top_k=selector_top_k or hp.candidate_k,
+            selector_top_k=selector_top_k or module.loss_args.candidate_k,
             target_config=module.target.config,
         )
         if output.is_dir():

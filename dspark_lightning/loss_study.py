@@ -8,9 +8,9 @@ trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluat
 code as ``dspark-lightning report``); with ``--recipe smollm2`` the base config is ``configs/smollm2_sharegpt.yaml``
 (SmolLM2-135M-Instruct from its offline feature cache, trained and measured by ``report-smollm2``'s functions, without
 its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's),
-with ``seed_everything``, ``model.seed`` and ``data.seed`` set to the seed, so seeds change the initialisation, the
-anchors and the data order. Runs go seed by seed; after the first seed's pass over the listed losses, the one with
-the highest teacher-forced tau is trained with D-PACE position weighting (``--model.position_weighting dpace``;
+with ``seed_everything``, ``model.training.seed`` and ``data.seed`` set to the seed, so seeds change the
+initialisation, the anchors and the data order. Runs go seed by seed; after the first seed's pass over the listed losses, the one with
+the highest teacher-forced tau is trained with D-PACE position weighting (``--model.loss.position_weighting dpace``;
 ``--dpace false`` skips it) in every pass. The report is rewritten after every run.
 
 Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
@@ -67,10 +67,10 @@ def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
     args = [
         f"--config={REPO_ROOT / 'configs/losses' / LOSS_CONFIGS[loss]}.yaml",
         f"--seed_everything={seed}",
-        f"--model.seed={seed}",
+        f"--model.training.seed={seed}",
         f"--data.seed={seed}",
     ]
-    return args + (["--model.position_weighting=dpace"] if dpace else [])
+    return args + (["--model.loss.position_weighting=dpace"] if dpace else [])
 
 
 def train_and_evaluate_smollm2(runs_root: Path, head: str, budget: Budget, extra: Sequence[str], name: str) -> dict:
@@ -134,7 +134,7 @@ def run_study(
             row = train_and_evaluate(runs_root, head, block_size, budget, fit_args, name)
         else:
             row = train_and_evaluate_smollm2(
-                runs_root, head, budget, [*fit_args, f"--model.block_size={block_size}"], name
+                runs_root, head, budget, [*fit_args, f"--model.drafter.block_size={block_size}"], name
             )
         row.update(label=label, loss=loss, seed=seed, dpace=with_dpace)
         row["run_dir"] = row["run_dir"] if keep else None
@@ -222,7 +222,7 @@ def loss_study_command(
         budget: training and evaluation sizes of every run
         threads: torch CPU threads
         rerender: only rewrite report.md and the PNG from results.json
-        fit_args: more fit options for every run, e.g. [--model.max_anchors=32]
+        fit_args: more fit options for every run, e.g. [--model.drafter.max_anchors=32]
     """
     if rerender:
         return rerender_study(output)

@@ -23,7 +23,7 @@ point; with S = 1 (and q = p) every term but ``ce`` is 0 with zero gradient.
 ``nla`` and ``lk_hybrid`` follow Samarin et al., "LK Losses: Direct Acceptance Rate Optimization for Speculative
 Decoding" (arXiv:2602.23881): the clamp of α inside the log (value and gradient of −log clamp_min(α, ε)) and the
 stop-gradient on α in the hybrid weight are part of their definitions there; η = 3 is the paper's default, ε = 1e-6
-is this framework's default (both are model options: ``model.lk_eta``, ``model.nla_alpha_min``).
+is this framework's default (both are model options: ``model.loss.lk_eta``, ``model.loss.nla_alpha_min``).
 
 Logit gradients (z ↦ q = softmax z): a term f(q) with ∂f/∂q = h has ∂f/∂z = q ⊙ (h − Σ_v q_v h_v). With spec weights
 w and per-row c_kl = w_kl + w_lk·λ, c_tv = w_tv + w_nla·[α ≥ ε]/max(α, ε) + w_lk·(1 − λ) the whole gradient is

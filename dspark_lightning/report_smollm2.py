@@ -4,7 +4,7 @@
     dspark-lightning report-smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2   # a smoke run
 
 Each head is trained by ``fit`` with ``configs/smollm2_sharegpt.yaml`` + ``configs/heads/<head>.yaml`` (from the
-offline feature cache), then re-loaded with the full 30-layer target (``target_features="online"``) and measured by
+offline feature cache), then re-loaded with the full 30-layer target (``target.features="online"``) and measured by
 the same ``report.evaluate_variant`` as the demo report: teacher-forced tau on the cached validation rows, measured
 greedy tau on held-out prompts (the validation split: no training step saw them), acceptance per slot, Selector
 agreement / coverage at k and the Selector's measured tau, calibration before/after temperature scaling. On top, the
@@ -30,8 +30,8 @@ from jsonargparse.typing import PositiveInt
 from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import measure_speedup
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
-from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
 
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")
@@ -57,9 +57,7 @@ def evaluate_head(
     cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int, wall_clock: bool = True
 ) -> dict:
     """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing."""
-    online = DSparkModule.load_from_checkpoint(
-        cli.trainer.checkpoint_callback.last_model_path, target_features="online", weights_only=True
-    ).eval()
+    online = load_checkpoint_module(cli.trainer.checkpoint_callback.last_model_path, features="online")
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
     row = evaluate_variant(
@@ -158,7 +156,7 @@ def report_smollm2_command(
         runs_dir: keep the run directories here (default: a deleted temporary directory)
         threads: torch CPU threads
         rerender: rewrite report.md and the plots from results.json
-        fit_args: more fit options for every head, e.g. [--model.max_anchors=32]
+        fit_args: more fit options for every head, e.g. [--model.drafter.max_anchors=32]
     """
     args = SimpleNamespace(**locals())  # what markdown() reads (k, steps, command)
     args.command = command_line("report-smollm2", report_smollm2_command, dict(vars(args)))

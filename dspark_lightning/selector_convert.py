@@ -5,7 +5,7 @@ The DFlash-2 CandidateSelector scores a candidate b after predecessor a at slot 
     S_t(a, b) = U_t(b) + < A(a) * H(h_t), B(b) >
 
 with a predecessor codebook A [V, r], a successor codebook B [V, r] and a bias-free hidden projection H = Linear(H, r).
-A ``MarkovHead(head_type="gated", gate_input="hidden", gate_activation="identity")`` computes exactly this:
+A ``MarkovHead(kind="gated", gate_input="hidden", gate_activation="identity")`` computes exactly this:
 u(a, h) = W1[a] * (Wg h) and bias(b) = u . W2[b], so A <-> ``markov_w1.weight``, B <-> ``markov_w2.weight`` (which
 is W2^T, [Vd, r]) and H <-> ``gate_proj.weight`` ([r, H]). Weights convert both ways without retraining (why this
 makes the head a Selector: docs/design.md §6.4).
@@ -39,11 +39,10 @@ HIDDEN_PROJECTION_KEY = "hidden_projection.weight"
 
 
 def _check_dflash2_form(head: MarkovHead) -> None:
-    form = (head.head_type, getattr(head, "gate_input", None), getattr(head, "gate_activation", None))
-    if form != ("gated", "hidden", "identity") or head.gate_proj.bias is not None:
+    if not head.config.is_selector_form or head.gate_proj.bias is not None:
         raise ValueError(
-            "only a MarkovHead(head_type='gated', gate_input='hidden', gate_activation='identity') without gate bias "
-            f"has the DFlash-2 CandidateSelector form; got head_type={head.head_type!r}, "
+            "only a MarkovHead(kind='gated', gate_input='hidden', gate_activation='identity') without gate bias "
+            f"has the DFlash-2 CandidateSelector form; got kind={head.kind!r}, "
             f"gate_input={head.gate_input!r}, gate_activation={head.gate_activation!r}"
         )
 
@@ -120,7 +119,7 @@ def from_candidate_selector(
         draft_vocab_size=successor.shape[0],
         rank=rank,
         hidden_size=projection.shape[1],
-        head_type="gated",
+        kind="gated",
         gate_input="hidden",
         gate_activation="identity",
     ).to(device=predecessor.device, dtype=predecessor.dtype)

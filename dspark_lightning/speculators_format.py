@@ -39,8 +39,7 @@ Decisions where the public format is silent or cannot express what we train:
   the selector runs the backbone alone rather than an uninitialised Markov head.
 - ``confidence_temperature`` (per-slot calibration) goes to the config as a list when it is not all ones.
 - Tensors are written in bf16 or fp32; ``d2t``/``t2d`` keep int64/bool. Only safetensors, never pickles.
-- Checkpoints are read with ``torch.load(weights_only=True)`` (the module stores the Markov head as a class_path
-  dict; for older checkpoints that pickled the config object, only our own config classes are allow-listed).
+- Checkpoints are read with ``torch.load(weights_only=True)`` (the module stores its configs as plain dicts).
 - ``load_exported`` builds our ``DSparkDrafter`` from any directory in this format: offsets d2t are turned into
   absolute ids; a d2t that is not ascending is sorted and the Vd-row tensors permuted with it (our draft vocab is
   kept sorted); ``aux_hidden_state_scales`` (a per-layer fc input scale some trainers add) is folded into ``fc``;
@@ -65,7 +64,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 EXPORT_DTYPES = ("bfloat16", "float32")  # the dtypes the speculators format is read in
 SELECTOR_PREFIX = "candidate_selector."
-DFLASH2_FORM = ("gated", "hidden", "identity")  # (head_type, gate_input, gate_activation) of the CandidateSelector
+DFLASH2_FORM = ("gated", "hidden", "identity")  # (kind, gate_input, gate_activation) of the CandidateSelector
 SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators release whose save_pretrained output this mirrors
 DRAFT_ROW_TENSORS = {"lm_head", "markov_head.markov_w2", SELECTOR_PREFIX + "successor_codebook"}  # [Vd, ...]
 # tensors of the format that belong to the verifier and are ignored when present
@@ -88,7 +87,7 @@ def _format_key(name: str) -> str | None:
 
 
 def _gate_form(head) -> tuple[str, str, str] | None:
-    return None if head is None else (head.head_type, head.gate_input, head.gate_activation)
+    return None if head is None else (head.kind, head.gate_input, head.gate_activation)
 
 
 def _target_config_dict(target_config, verifier_name_or_path: str) -> dict:
@@ -111,7 +110,13 @@ def build_config(
     target_config=None,
     target_layer_ids: list[int] | None = None,
 ) -> dict:
-    """The ``config.json`` of the export (see the module docstring for every field)."""
+    """The ``config.json`` of the export (see the module docstring for every field).
+
+    ``verifier_name_or_path`` is recorded as the verifier (hub id or path); ``target_config`` (a dict or
+    ``PretrainedConfig``, default: read from ``verifier_name_or_path/config.json`` when it is local) supplies the
+    verifier architectures, max positions and special token ids; ``target_layer_ids`` is needed only when the
+    drafter's config does not name its target layers (``DSparkDrafter.for_target`` leaves them to the target).
+    """
     cfg, bc = drafter.config, drafter.backbone.config
     layer_ids = list(cfg.target_layer_ids or target_layer_ids or [])
     if len(layer_ids) != bc.num_context_layers:
@@ -153,7 +158,7 @@ def build_config(
         # our blocks attend bidirectionally; speculators makes sliding-window blocks causal unless this is set
         "sliding_window_non_causal": sliding,
         "markov_rank": head.rank if head is not None and not candidate_selector else 0,
-        "markov_head_type": head.head_type if head is not None else "vanilla",
+        "markov_head_type": head.kind if head is not None else "vanilla",
         "enable_confidence_head": drafter.confidence_head is not None,
         "confidence_head_with_markov": drafter.confidence_head is not None and cfg.confidence_with_markov,
         "speculators_config": {
@@ -164,7 +169,7 @@ def build_config(
         "torch_dtype": dtype_name, "dtype": dtype_name,
     }
     # fmt: on
-    if head is not None and head.head_type == "gated" and _gate_form(head) != ("gated", "hidden+prev", "sigmoid"):
+    if head is not None and head.kind == "gated" and _gate_form(head) != ("gated", "hidden+prev", "sigmoid"):
         config |= {"markov_gate_input": head.gate_input, "markov_gate_activation": head.gate_activation}
     if candidate_selector:
         k = min(int(selector_top_k), drafter.draft_vocab_size)
@@ -214,8 +219,8 @@ def markov_head_config(config: dict) -> MarkovHeadConfig | None:
     if rank <= 0:
         return None
     return MarkovHeadConfig(
-        rank,
         config.get("markov_head_type", "vanilla"),
+        rank,
         config.get("markov_gate_input", "hidden+prev"),
         config.get("markov_gate_activation", "sigmoid"),
     )
@@ -249,9 +254,19 @@ def drafter_configs(
         sliding_window=int(layer["sliding_window"]) if "sliding_attention" in (_layer_types(layer) or []) else None,
         layer_types=_layer_types(layer),
     )
+    # the draft layer shape is the backbone's, field for field
+    shape = (
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "sliding_window",
+        "layer_types",
+    )
     drafter_config = DrafterConfig(
+        **{name: getattr(backbone, name) for name in shape},
         block_size=int(config.get("block_size", 8)),
-        num_layers=backbone.num_layers,
         max_anchors=int(config.get("max_anchors") or config.get("num_anchors") or 64),
         sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
         mask_token_id=config.get("mask_token_id"),
@@ -260,11 +275,5 @@ def drafter_configs(
         confidence_head=confidence,
         confidence_with_markov=with_markov,
         train_lm_head=train_lm_head,
-        num_heads=backbone.num_heads,
-        num_kv_heads=backbone.num_kv_heads,
-        head_dim=backbone.head_dim,
-        intermediate_size=backbone.intermediate_size,
-        sliding_window=backbone.sliding_window,
-        layer_types=backbone.layer_types,
     )
     return backbone, drafter_config

@@ -18,7 +18,6 @@ from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, Mar
 from dspark_lightning.selector_convert import read_candidate_selector
 from dspark_lightning.speculators_format import (
     CONFIG_NAME,
-    DFLASH2_FORM,
     DRAFT_ROW_TENSORS,
     SELECTOR_PREFIX,
     VERIFIER_KEYS,
@@ -119,7 +118,7 @@ def load_exported(
             "markov_head.markov_w2.weight": successor,
             "markov_head.gate_proj.weight": projection,
         }
-        markov = MarkovHeadConfig(int(predecessor.shape[1]), *DFLASH2_FORM)
+        markov = MarkovHeadConfig.selector(int(predecessor.shape[1]))
     else:
         markov = markov_head_config(config)
     train_lm_head = False

@@ -125,7 +125,7 @@ class Context:
 # ------------------------------------------------------------------------------------------------ building blocks
 def synthetic_drafter(c: dict, backend: str):
     """A DSparkDrafter with a random embedding / LM head (no target model); every trainable weight non-zero."""
-    from dspark_lightning.models import DrafterConfig, DSparkDrafter, VanillaMarkov
+    from dspark_lightning.models import DrafterConfig, DSparkDrafter, MarkovHeadConfig
     from dspark_lightning.models.backbone import BackboneConfig
 
     backbone = BackboneConfig(
@@ -137,7 +137,7 @@ def synthetic_drafter(c: dict, backend: str):
         max_anchors=c["anchors"],
         mask_token_id=c["vocab"] - 1,
         target_layer_ids=list(range(c["num_layers"])),
-        markov_head=VanillaMarkov(rank=c["rank"]),
+        markov_head=MarkovHeadConfig(rank=c["rank"]),
         attention_backend=backend,
     )
     hidden = c["hidden_size"]
@@ -281,15 +281,15 @@ def check_fit(ctx: Context) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_fit_"))
     names = ("AcceptanceCurves", "CalibrationDiagram", "ValidationSummary")  # the quickstart's, minus bar/checkpoint
     callbacks = [{"class_path": f"dspark_lightning.lightning.callbacks.{name}"} for name in names]
-    smoke = "--data.seq_len=128 --data.batch_size=2 --data.limit_val_samples=8 --model.max_anchors=8"
+    smoke = "--data.seq_len=128 --data.batch_size=2 --data.limit_val_samples=8 --model.drafter.max_anchors=8"
     fixed = (
-        "--trainer.devices=1 --trainer.limit_val_batches=2 --trainer.log_every_n_steps=1 --model.lr_warmup_steps=5 "
-        "--trainer.enable_checkpointing=false --trainer.enable_progress_bar=false"
+        "--trainer.devices=1 --trainer.limit_val_batches=2 --trainer.log_every_n_steps=1 "
+        "--model.training.lr_warmup_steps=5 --trainer.enable_checkpointing=false --trainer.enable_progress_bar=false"
     )
     argv = [
         "fit",
         f"--config={ROOT / 'configs/quickstart.yaml'}",
-        f"--model.target={ROOT / 'assets/demo-target'}",
+        f"--model.target.path={ROOT / 'assets/demo-target'}",
         f"--data.train_files={ROOT / 'assets/data/regenerated'}/train-*.jsonl",
         f"--data.val_files={ROOT / 'assets/data/sharegpt'}/validation-*.jsonl",
         f"--trainer.accelerator={'gpu' if ctx.cuda else 'cpu'}",
@@ -425,13 +425,13 @@ def check_throughput(ctx: Context) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ 4. selector
-def selector_case(ctx: Context, s: dict, vocab: int, batch: int, head_type: str) -> dict:
+def selector_case(ctx: Context, s: dict, vocab: int, batch: int, kind: str) -> dict:
     from dspark_lightning.models import MarkovHead
     from dspark_lightning.selector import precompute_prev_gate_table, selector_decode, sequential_decode
 
     torch.manual_seed(0)
     B, K, R, H = s["block"], s["k"], s["rank"], s["hidden"]
-    head = MarkovHead(verifier_vocab_size=vocab, draft_vocab_size=vocab, rank=R, hidden_size=H, head_type=head_type)
+    head = MarkovHead(verifier_vocab_size=vocab, draft_vocab_size=vocab, rank=R, hidden_size=H, kind=kind)
     nn.init.normal_(head.markov_w2.weight, std=R**-0.5)
     cpu = (torch.randn(batch, B, vocab), head.eval(), torch.randint(0, vocab, (batch,)), torch.randn(batch, B, H))
     base, dev_head, prev, hidden = (x.to(ctx.device) for x in cpu)  # (Module.to is in place: head is now on device)
@@ -439,7 +439,7 @@ def selector_case(ctx: Context, s: dict, vocab: int, batch: int, head_type: str)
         "sequential": lambda: sequential_decode(base, dev_head, prev, hidden),
         "walk": lambda: selector_decode(base, dev_head, prev, hidden, K),
     }
-    if head_type == "gated":
+    if kind == "gated":
         table = precompute_prev_gate_table(dev_head)
         fns["walk_table"] = lambda: selector_decode(base, dev_head, prev, hidden, K, prev_gate_table=table)
     for fn in fns.values():  # warm-up
@@ -448,9 +448,7 @@ def selector_case(ctx: Context, s: dict, vocab: int, batch: int, head_type: str)
     for _ in range(s["repeats"]):  # interleaved, so drifting load hits every variant alike
         for name, fn in fns.items():
             times[name].append(time_once(ctx, fn)[0])
-    row = {"head": head_type, "vocab": vocab, "batch": batch} | {
-        f"{n}_ms": statistics.median(t) for n, t in times.items()
-    }
+    row = {"head": kind, "vocab": vocab, "batch": batch} | {f"{n}_ms": statistics.median(t) for n, t in times.items()}
     walk, seq = fns["walk"](), fns["sequential"]()
     row |= {"speedup": row["sequential_ms"] / row["walk_ms"], "walk_eq_sequential": float((walk == seq).float().mean())}
     if ctx.cuda and vocab == s["vocabs"][0]:
@@ -466,8 +464,8 @@ def check_selector(ctx: Context) -> dict:
     with torch.inference_mode():
         for vocab in s["vocabs"]:
             for batch in s["batches"]:
-                for head_type in ("vanilla", "gated"):
-                    rows.append(selector_case(ctx, s, vocab, batch, head_type))
+                for kind in ("vanilla", "gated"):
+                    rows.append(selector_case(ctx, s, vocab, batch, kind))
                     ctx.cleanup()
     big = max(rows, key=lambda r: (r["vocab"], r["batch"], r["head"] == "vanilla"))
     summary = (

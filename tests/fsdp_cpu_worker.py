@@ -27,11 +27,13 @@ def run(rank: int, world_size: int, port: int, queue) -> None:
     from torch.distributed.fsdp.wrap import enable_wrap
 
     from dspark_lightning.data.datamodule import ShareGPTDataModule
+    from dspark_lightning.lightning.config import TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
+    from dspark_lightning.models import DrafterConfig
 
     torch.manual_seed(0)
     target = str(ROOT / "assets/demo-target")
-    module = DSparkModule(target=target, mask_token_id=1, max_anchors=8)
+    module = DSparkModule(TargetArgs(target), DrafterConfig(mask_token_id=1, max_anchors=8))
     data = ShareGPTDataModule(
         tokenizer=target, train_files=str(ROOT / "assets/data/regenerated/train-00000.jsonl"), seq_len=128,
         batch_size=2, shuffle_buffer=0,

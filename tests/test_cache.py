@@ -12,7 +12,9 @@ from torch.utils.data import DataLoader
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.cache import CachedFeatureDataset, bytes_per_sample
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.lightning.config import TargetArgs, TrainingArgs
 from dspark_lightning.lightning.module import DSparkModule
+from dspark_lightning.models import DrafterConfig
 from dspark_lightning.models.target import FrozenTarget, TargetHeads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,9 +51,12 @@ def test_cache_trained_loss_equals_online_loss(tmp_path, float32_cache, dtype):
         cache = tmp_path / "bf16"
         write_cache(cache, TRAIN, 4)
     mask_token_id = ShareGPTDataModule(tokenizer=DEMO_TARGET).mask_token_id
-    kwargs = dict(target=DEMO_TARGET, mask_token_id=mask_token_id, max_anchors=8, anchor_budget="per_document")
-    online = DSparkModule(**kwargs)
-    cached = DSparkModule(**kwargs, target_features="cache")
+    groups = dict(
+        drafter=DrafterConfig(mask_token_id=mask_token_id, max_anchors=8),
+        training=TrainingArgs(anchor_budget="per_document"),
+    )
+    online = DSparkModule(TargetArgs(DEMO_TARGET), **groups)
+    cached = DSparkModule(TargetArgs(DEMO_TARGET, features="cache"), **groups)
     assert isinstance(cached.target, TargetHeads) and not hasattr(cached.target, "model")
     cached.drafter.load_state_dict(online.drafter.state_dict())
 
@@ -140,9 +145,9 @@ def test_fit_from_cache_with_the_cli(tmp_path):
     write_cache(tmp_path / "val", VAL, 4)
     args = [
         "--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(ROOT / "configs/cache.yaml"),
-        f"--model.target={DEMO_TARGET}", f"--data.train_cache={tmp_path / 'train'}",
+        f"--model.target.path={DEMO_TARGET}", f"--data.train_cache={tmp_path / 'train'}",
         f"--data.val_cache={tmp_path / 'val'}", f"--data.val_files={VAL}", "--data.batch_size=2",
-        "--model.max_anchors=8", "--model.anchor_budget=per_document", "--trainer.max_steps=3",
+        "--model.drafter.max_anchors=8", "--model.training.anchor_budget=per_document", "--trainer.max_steps=3",
         "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2", "--trainer.callbacks=[]",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
     ]  # fmt: skip
@@ -152,4 +157,4 @@ def test_fit_from_cache_with_the_cli(tmp_path):
     assert 0 < float(metrics["train/anchor_coverage"]) <= 1 and 0 < float(metrics["val/anchor_coverage"]) <= 1
     assert float(metrics["val/tau"]) >= 1.0
     with pytest.raises(ValueError, match="target layers"):
-        cli_main(["validate", *args, "--model.target_layer_ids=[1]"])
+        cli_main(["validate", *args, "--model.drafter.target_layer_ids=[1]"])

@@ -28,13 +28,13 @@ def small_run_args(run_dir: Path, steps: int, extra: list[str] = ()) -> list[str
     return [
         "--config",
         str(ROOT / "configs/quickstart.yaml"),
-        f"--model.target={ROOT / 'assets/demo-target'}",
+        f"--model.target.path={ROOT / 'assets/demo-target'}",
         f"--data.train_files={TRAIN}",
         f"--data.val_files={VAL}",
         "--data.seq_len=128",
         "--data.batch_size=2",
         "--data.limit_val_samples=16",
-        "--model.max_anchors=8",
+        "--model.drafter.max_anchors=8",
         f"--trainer.max_steps={steps}",
         f"--trainer.val_check_interval={steps}",
         "--trainer.limit_val_batches=4",
@@ -97,8 +97,34 @@ def test_fit_then_validate_from_checkpoint(fitted_run):
     assert tau_val == pytest.approx(tau_fit, rel=1e-5)  # same blocks, same weights
     tested = cli_main(["test", *small_run_args(run_dir, 6), f"--ckpt_path={ckpt}"])
     assert float(tested.trainer.callback_metrics["test/tau"]) > 1.0
-    # three runs with one config: three version directories, no "config.yaml exists" failure
-    assert len(list((run_dir / "run").glob("version_*"))) == 3
+    # a checkpoint written before the config groups (flat options, the head as a class_path) validates the same
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"] = old_flat_hparams(checkpoint["hyper_parameters"])
+    torch.save(checkpoint, run_dir / "old.ckpt")
+    old = cli_main(["validate", *small_run_args(run_dir, 6), f"--ckpt_path={run_dir / 'old.ckpt'}"])
+    assert float(old.trainer.callback_metrics["val/tau"]) == pytest.approx(tau_fit, rel=1e-5)
+    # four runs with one config: four version directories, no "config.yaml exists" failure
+    assert len(list((run_dir / "run").glob("version_*"))) == 4
+
+
+def old_flat_hparams(grouped: dict) -> dict:
+    """The hyper-parameters as DSparkModule stored them before the config groups (written out by hand)."""
+    renamed = {
+        ("target", "path"): "target", ("target", "dtype"): "target_dtype", ("target", "features"): "target_features",
+        ("loss", "weights"): "loss", ("loss", "chunk_size"): "loss_chunk_size",
+        ("loss", "candidate_weight"): "candidate_loss_weight",
+    }  # fmt: skip
+    flat = {"_instantiator": grouped.get("_instantiator")}
+    for group in ("target", "drafter", "loss", "training"):
+        for field, value in grouped[group].items():
+            flat[renamed.get((group, field), field)] = value
+    head = flat["markov_head"]
+    flat["markov_head"] = {
+        "class_path": "dspark_lightning.models.MarkovHeadConfig",
+        "init_args": {"rank": head["rank"], "head_type": head["kind"], "gate_input": head["gate_input"],
+                      "gate_activation": head["gate_activation"]},
+    }  # fmt: skip
+    return flat
 
 
 def test_console_script_runs_fit(tmp_path):
@@ -157,7 +183,7 @@ def test_every_head_config_trains(head, tmp_path):
         assert 0.0 <= float(metrics["train/candidate_recall@16"]) <= 1.0
         assert torch.isfinite(metrics["train/loss_candidate"])
     expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated"}[head]
-    assert (cli.model.drafter.markov_head.head_type if cli.model.drafter.markov_head else None) == expected
+    assert (cli.model.drafter.markov_head.kind if cli.model.drafter.markov_head else None) == expected
 
 
 def expand(line: str, variables: dict[str, str]) -> str:
@@ -227,7 +253,11 @@ def test_recorded_command_lines_parse_back_to_the_same_call():
     calls = {
         "report": {"output": "out dir", "heads": ["none", "gated"], "block_sizes": [8], "budget": Budget(steps=20)},
         "loss-study": {"output": "o", "losses": ["kl"], "seeds": [0, 3], "dpace": False, "threads": 2},
-        "report-smollm2": {"output": "o", "heads": ["vanilla"], "fit_args": ["--model.max_anchors=32", "--x=[1,2]"]},
+        "report-smollm2": {
+            "output": "o",
+            "heads": ["vanilla"],
+            "fit_args": ["--model.drafter.max_anchors=32", "--x=[1,2]"],
+        },
     }
     for name, given in calls.items():
         parser = command_parser(name)

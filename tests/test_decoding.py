@@ -17,7 +17,7 @@ from conftest import make_tiny_qwen3
 from scipy.stats import chisquare
 
 from dspark_lightning.decoding import _verify, scheduled_length, speculative_generate
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 
 def bigram_setup(vocab: int = 12, block_size: int = 4, noise: float = 0.0, temperature_scale: float = 3.0, seed=0):
@@ -30,7 +30,7 @@ def bigram_setup(vocab: int = 12, block_size: int = 4, noise: float = 0.0, tempe
         bigram = torch.stack([model(torch.tensor([[a]])).logits[0, 0] for a in range(vocab)])  # L[a, v]
     target = FrozenTarget(model, target_layer_ids=[1])
     cfg = DrafterConfig(
-        block_size=block_size, mask_token_id=vocab - 1, markov_head=VanillaMarkov(rank=vocab), confidence_head=True
+        block_size=block_size, mask_token_id=vocab - 1, markov_head=MarkovHeadConfig(rank=vocab), confidence_head=True
     )
     drafter = DSparkDrafter.for_target(cfg, target).eval()
     g = torch.Generator().manual_seed(seed + 1)

@@ -11,7 +11,7 @@ from conftest import make_tiny_qwen3
 from test_decoding import bigram_setup
 
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, GatedMarkov
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 
 def context_dependent_bigram(noise: float = 0.7):
@@ -27,7 +27,7 @@ def context_dependent_bigram(noise: float = 0.7):
 def random_gated_drafter(num_layers: int = 2, seed: int = 0):
     model = make_tiny_qwen3(vocab_size=48, seed=seed)
     target = FrozenTarget(model, target_layer_ids=[1, 2])
-    cfg = DrafterConfig(block_size=5, num_layers=num_layers, mask_token_id=47, markov_head=GatedMarkov(rank=8))
+    cfg = DrafterConfig(block_size=5, num_layers=num_layers, mask_token_id=47, markov_head=MarkovHeadConfig("gated", 8))
     drafter = DSparkDrafter.for_target(cfg, target).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

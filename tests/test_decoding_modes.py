@@ -8,10 +8,10 @@ from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.selector import selector_walk, sequential_walk
 
 
-@pytest.mark.parametrize("head_type", [None, "vanilla", "gated", "rnn"])
-def test_supported_modes_match_the_walks_each_head_can_run(head_type):
+@pytest.mark.parametrize("kind", [None, "vanilla", "gated", "rnn"])
+def test_supported_modes_match_the_walks_each_head_can_run(kind):
     V, R, H, N, B = 12, 4, 8, 2, 3
-    head = None if head_type is None else MarkovHead(V, V, R, H, head_type=head_type)
+    head = None if kind is None else MarkovHead(V, V, R, H, kind=kind)
     modes = supported_modes(head)
     assert set(modes) <= set(MODES) and modes == tuple(m for m in MODES if m in modes)  # MODES order
     assert "parallel" in modes and ("markov" in modes) == (head is not None)

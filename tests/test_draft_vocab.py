@@ -20,7 +20,7 @@ from dspark_lightning.data.tokenize import ConversationEncoder
 from dspark_lightning.draft_vocab import count_tokens, select_draft_vocab, special_token_ids
 from dspark_lightning.export import export_checkpoint, load_exported
 from dspark_lightning.lightning.module import load_draft_vocab
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 DEMO = str(Path(__file__).resolve().parent.parent / "assets" / "demo-target")
 
@@ -119,7 +119,7 @@ def test_a_draft_vocab_run_trains_and_exports(tmp_path):
         ]
     )
     ckpt, module = train_and_checkpoint(
-        tmp_path, target_dir, markov_head=VanillaMarkov(rank=8), draft_vocab=str(vocab_path)
+        tmp_path, target_dir, markov_head=MarkovHeadConfig(rank=8), draft_vocab=str(vocab_path)
     )
     drafter = module.drafter.eval()
     assert drafter.draft_vocab_size == 300 and drafter.markov_head.markov_w2.weight.shape == (300, 8)

@@ -143,8 +143,8 @@ def test_rank_zero_config_means_no_head():
 
 def test_flex_and_sdpa_give_the_same_forward_on_cpu():
     ids, loss_mask, doc, pos = packed_batch(seed=3, pad=4)
-    target, sdpa = build(markov=MarkovHeadConfig(rank=8, head_type="gated"), backend="sdpa")
-    _, flex = build(markov=MarkovHeadConfig(rank=8, head_type="gated"), backend="flex")
+    target, sdpa = build(markov=MarkovHeadConfig(rank=8, kind="gated"), backend="sdpa")
+    _, flex = build(markov=MarkovHeadConfig(rank=8, kind="gated"), backend="flex")
     flex.load_state_dict(sdpa.state_dict())
     with torch.no_grad():  # FlexAttention has no backward on CPU; the forward is what must agree
         a = run(target, sdpa, ids, loss_mask, doc, pos)
@@ -261,7 +261,7 @@ def test_draft_vocab_plumbs_through_lm_head_and_teacher():
     vocab = DraftVocab.from_counts(counts, 16, always_include=[MASK_ID, 3])
     assert vocab.draft_vocab_size == 16 and 3 in vocab.d2t.tolist()
     assert torch.equal(vocab.to_target(vocab.to_draft(vocab.d2t)), vocab.d2t)
-    target, drafter = build(markov=MarkovHeadConfig(rank=4, head_type="gated"), vocab=vocab)
+    target, drafter = build(markov=MarkovHeadConfig(rank=4, kind="gated"), vocab=vocab)
     ids, loss_mask, doc, pos = packed_batch(seed=6)
     out = run(target, drafter, ids, loss_mask, doc, pos)
     assert out.logits.shape[-1] == 16 and out.teacher_logprobs.shape[-1] == 16
@@ -291,8 +291,8 @@ def test_inference_draft_equals_training_block_at_the_end_of_a_document():
     "kwargs, message",
     [
         (dict(block_size=1), "block_size"),
-        (dict(markov_head=MarkovHeadConfig(rank=-2)), "rank"),
-        (dict(markov_head=MarkovHeadConfig(head_type="lstm")), "head_type"),
+        (dict(markov_head={"rank": -2}), "rank"),
+        (dict(markov_head={"kind": "lstm"}), "kind"),
         (dict(markov_head=None, confidence_with_markov=True), "confidence_with_markov"),
         (dict(max_anchors=0), "max_anchors"),
     ],

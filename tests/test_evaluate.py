@@ -24,7 +24,7 @@ def trained_checkpoint(tmp_path_factory) -> Path:
             "fit",
             "--config",
             str(ROOT / "configs/quickstart.yaml"),
-            f"--model.target={ROOT / 'assets/demo-target'}",
+            f"--model.target.path={ROOT / 'assets/demo-target'}",
             f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}",
             f"--data.val_files={ROOT / 'assets/data/sharegpt/validation-00000.jsonl'}",
             "--data.limit_val_samples=24",

@@ -27,28 +27,18 @@ from dspark_lightning.export import (
     load_exported,
     read_checkpoint,
 )
-from dspark_lightning.models import (
-    DrafterConfig,
-    DraftVocab,
-    DSparkDrafter,
-    FrozenTarget,
-    GatedMarkov,
-    RnnMarkov,
-    SelectorMarkov,
-    VanillaMarkov,
-)
-from dspark_lightning.models.markov import markov_config_from
+from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 from dspark_lightning.selector_convert import to_candidate_selector
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 V, H, B, RANK = 64, 32, 4, 8
 HEADS = {
     "none": None,
-    "vanilla": VanillaMarkov(RANK),
-    "gated": GatedMarkov(RANK),
-    "gated_hidden_sigmoid": GatedMarkov(RANK, gate_input="hidden"),
-    "selector": SelectorMarkov(RANK),
-    "rnn": RnnMarkov(RANK),
+    "vanilla": MarkovHeadConfig(rank=RANK),
+    "gated": MarkovHeadConfig("gated", RANK),
+    "gated_hidden_sigmoid": MarkovHeadConfig("gated", RANK, gate_input="hidden"),
+    "selector": MarkovHeadConfig.selector(RANK),
+    "rnn": MarkovHeadConfig("rnn", RANK),
 }
 
 
@@ -318,18 +308,18 @@ def make_target_dir(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def train_and_checkpoint(tmp_path: Path, target_dir: Path, **module_kwargs) -> tuple[Path, object]:
+def train_and_checkpoint(tmp_path: Path, target_dir: Path, **drafter_fields) -> tuple[Path, object]:
     """Two optimizer steps of a small DSparkModule on the demo conversations; returns (checkpoint, module)."""
     import lightning as L
 
     from dspark_lightning.data.datamodule import ShareGPTDataModule
+    from dspark_lightning.lightning.config import TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
 
     data = str(ASSETS / "data" / "sharegpt" / "validation-00000.jsonl")
     dm = ShareGPTDataModule(str(target_dir), data, data, seq_len=128, batch_size=2, block_size=B, shuffle_buffer=0)
-    module = DSparkModule(
-        target=str(target_dir), block_size=B, max_anchors=8, mask_token_id=dm.mask_token_id, **module_kwargs
-    )
+    drafter = DrafterConfig(block_size=B, max_anchors=8, mask_token_id=dm.mask_token_id, **drafter_fields)
+    module = DSparkModule(TargetArgs(str(target_dir)), drafter)
     trainer = L.Trainer(
         max_steps=2,
         logger=False,
@@ -347,9 +337,11 @@ def train_and_checkpoint(tmp_path: Path, target_dir: Path, **module_kwargs) -> t
 
 def test_lightning_checkpoint_exports_through_the_cli(tmp_path):
     target_dir = make_target_dir(tmp_path / "target")
-    ckpt, module = train_and_checkpoint(tmp_path, target_dir, markov_head=GatedMarkov(rank=RANK))
+    ckpt, module = train_and_checkpoint(tmp_path, target_dir, markov_head=MarkovHeadConfig("gated", RANK))
     plain = torch.load(ckpt, map_location="cpu", weights_only=True)  # no pickled objects in our checkpoints
-    assert markov_config_from(plain["hyper_parameters"]["markov_head"]) == GatedMarkov(rank=RANK)
+    assert MarkovHeadConfig.from_dict(plain["hyper_parameters"]["drafter"]["markov_head"]) == MarkovHeadConfig(
+        "gated", RANK
+    )
     out = cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"), "--dtype", "float32"])
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == str(target_dir.resolve())
@@ -366,14 +358,17 @@ def test_lightning_checkpoint_exports_through_the_cli(tmp_path):
         if not name.startswith(("embed_tokens", "lm_head")):
             assert torch.equal(tensor, loaded.state_dict()[name]), name
 
-    # older checkpoints pickled the head config object: read with an allow-list of our config classes only
+    # older checkpoints stored the head as a class_path dict: still read
     checkpoint = read_checkpoint(ckpt)
-    checkpoint["hyper_parameters"]["markov_head"] = GatedMarkov(rank=RANK)
+    checkpoint["hyper_parameters"]["drafter"]["markov_head"] = {
+        "class_path": "dspark_lightning.models.GatedMarkov",
+        "init_args": {"rank": RANK},
+    }
     torch.save(checkpoint, tmp_path / "old.ckpt")
     bf16 = export_checkpoint(tmp_path / "old.ckpt", tmp_path / "bf16", verifier_name_or_path="org/target")
     config = json.loads((bf16 / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == "org/target" and config["dtype"] == "bfloat16"
-    checkpoint["hyper_parameters"]["markov_head"] = {"class_path": "os.system", "init_args": {}}
+    checkpoint["hyper_parameters"]["drafter"]["markov_head"] = {"class_path": "os.system", "init_args": {}}
     torch.save(checkpoint, tmp_path / "bad.ckpt")
     with pytest.raises(ValueError, match="class_path"):
         export_checkpoint(tmp_path / "bad.ckpt", tmp_path / "bad")

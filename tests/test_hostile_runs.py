@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -74,12 +75,12 @@ def test_json_output_never_contains_nan(checkpoint, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- 4. resume honesty
-@pytest.mark.parametrize("argument", ["max_anchors", "block_size"])
+@pytest.mark.parametrize("argument", ["drafter.max_anchors", "drafter.block_size"])
 def test_resume_with_a_different_model_argument_is_an_error_naming_it(checkpoint, tmp_path, argument):
     args = fit_args(tmp_path, 3, extra=(f"--ckpt_path={checkpoint}", f"--model.{argument}=16"))
-    with pytest.raises(ValueError, match=rf"--model\.{argument}: given 16, checkpoint 8") as info:
+    with pytest.raises(ValueError, match=rf"--model\.{re.escape(argument)}: given 16, checkpoint 8") as info:
         cli_main(["fit", *args])
-    other = {"max_anchors", "block_size"} - {argument}
+    other = {"drafter.max_anchors", "drafter.block_size"} - {argument}
     assert f"--model.{other.pop()}" not in str(info.value)  # only what differs is named
     assert not (tmp_path / "run").exists()
 
@@ -134,7 +135,7 @@ def test_export_refuses_a_non_empty_directory_and_overwrite_leaves_no_stale_file
 def test_missing_target_path_is_named(tmp_path):
     missing = tmp_path / "no-such-target"
     with pytest.raises(FileNotFoundError, match=rf"{missing}.*does not exist.*model\.target"):
-        cli_main(["fit", *fit_args(tmp_path, extra=(f"--model.target={missing}",))])
+        cli_main(["fit", *fit_args(tmp_path, extra=(f"--model.target.path={missing}",))])
 
 
 def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):

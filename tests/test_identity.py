@@ -11,24 +11,16 @@ import torch
 
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
 from dspark_lightning.decoding.identity import check_identity, greedy_continuation, record_decode, teacher_forced_blocks
-from dspark_lightning.models import (
-    DrafterConfig,
-    DSparkDrafter,
-    FrozenTarget,
-    GatedMarkov,
-    RnnMarkov,
-    SelectorMarkov,
-    VanillaMarkov,
-)
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 from dspark_lightning.models.vocab import DraftVocab
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = {
     "none": None,
-    "vanilla": VanillaMarkov(rank=8),
-    "gated": GatedMarkov(rank=8),
-    "selector": SelectorMarkov(rank=8),
-    "rnn": RnnMarkov(rank=8),
+    "vanilla": MarkovHeadConfig(rank=8),
+    "gated": MarkovHeadConfig("gated", 8),
+    "selector": MarkovHeadConfig.selector(8),
+    "rnn": MarkovHeadConfig("rnn", 8),
 }
 NEW_TOKENS = 24
 
@@ -66,7 +58,7 @@ def make_drafter(
             chosen |= set(text)
         chosen -= set(text[-NEW_TOKENS::7])  # some target tokens cannot be drafted: rejected, however scored
         vocab = DraftVocab(torch.tensor(sorted(chosen)), V)
-    config = HEADS[head] if not oracle else VanillaMarkov(rank=V)
+    config = HEADS[head] if not oracle else MarkovHeadConfig(rank=V)
     cfg = DrafterConfig(
         block_size=4,
         mask_token_id=5,
@@ -180,7 +172,7 @@ def test_identity_on_smollm2(smollm2_target, monkeypatch):
     cfg = DrafterConfig(
         block_size=4,
         mask_token_id=tokenizer.mask_token_id,
-        markov_head=GatedMarkov(rank=16),
+        markov_head=MarkovHeadConfig("gated", 16),
         num_heads=3,
         num_kv_heads=1,
         head_dim=64,

@@ -12,7 +12,7 @@ from conftest import make_tiny_qwen3
 
 from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
 from dspark_lightning.metrics import AcceptanceMetrics
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 
 def evaluate(target, drafter, batch, spec):
@@ -49,7 +49,7 @@ def test_drafter_learns_the_targets_distribution():
         model.lm_head.weight.mul_(12.0)
     target = FrozenTarget(model, num_draft_layers=1)
     cfg = DrafterConfig(
-        block_size=4, num_layers=1, max_anchors=16, mask_token_id=47, markov_head=VanillaMarkov(rank=16)
+        block_size=4, num_layers=1, max_anchors=16, mask_token_id=47, markov_head=MarkovHeadConfig(rank=16)
     )
     drafter = DSparkDrafter.for_target(cfg, target)
     spec = {"ce": 0.1, "tv": 0.9}

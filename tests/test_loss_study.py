@@ -96,19 +96,20 @@ def test_unknown_loss_or_no_seed_fails_before_training(tmp_path):
 
 def test_loss_configs_compose_and_bad_options_name_themselves(capsys):
     from dspark_lightning.cli import cli_main
+    from dspark_lightning.lightning.config import LossArgs, TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
 
     root = loss_study.REPO_ROOT
     with pytest.raises(SystemExit):
         cli_main(["fit", f"--config={root}/configs/quickstart.yaml", f"--config={root}/configs/losses/lk_hybrid.yaml",
-                  "--model.lk_eta=1.5", "--print_config"])  # fmt: skip
+                  "--model.loss.lk_eta=1.5", "--print_config"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "lk_hybrid: 1.0" in printed and "lk_eta: 1.5" in printed and "tv: 0.9" not in printed  # spec replaced
     for kwargs, option in (
-        ({"loss": {"jsd": 1.0}}, "unknown loss 'jsd'"),
-        ({"loss": {"js": -1.0}}, "'js'"),
+        ({"weights": {"jsd": 1.0}}, "unknown loss 'jsd'"),
+        ({"weights": {"js": -1.0}}, "'js'"),
         ({"lk_eta": -1.0}, "lk_eta"),
         ({"nla_alpha_min": 0.0}, "nla_alpha_min"),
     ):
-        with pytest.raises(ValueError, match=option):
-            DSparkModule(target="/nonexistent", **kwargs)  # fails on the option, before the target is loaded
+        with pytest.raises(ValueError, match=option):  # fails on the option, before the target is loaded
+            DSparkModule(TargetArgs("/nonexistent"), loss=LossArgs(**kwargs))

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from dspark_lightning.models import ConfidenceHead, MarkovHead
+from dspark_lightning.models import ConfidenceHead, MarkovHead, MarkovHeadConfig
 
 V, VD, R, H = 40, 30, 6, 10
 VARIANTS = [
-    dict(head_type="vanilla"),
-    dict(head_type="gated", gate_input="hidden+prev", gate_activation="sigmoid"),
-    dict(head_type="gated", gate_input="hidden", gate_activation="sigmoid"),
-    dict(head_type="gated", gate_input="hidden", gate_activation="identity"),
-    dict(head_type="rnn"),
+    dict(kind="vanilla"),
+    dict(kind="gated", gate_input="hidden+prev", gate_activation="sigmoid"),
+    dict(kind="gated", gate_input="hidden", gate_activation="sigmoid"),
+    dict(kind="gated", gate_input="hidden", gate_activation="identity"),
+    dict(kind="rnn"),
 ]
 
 
@@ -31,7 +33,7 @@ def inputs(seed=1, n=3, b=5):
 
 
 def test_vanilla_bias_is_w2t_w1_by_hand():
-    head = make_head(head_type="vanilla")
+    head = make_head(kind="vanilla")
     prev, hidden = inputs()
     bias = head.block_bias(prev, hidden)
     W1, W2 = head.markov_w1.weight, head.markov_w2.weight.T  # W2 is [r, Vd]
@@ -44,7 +46,7 @@ def test_vanilla_bias_is_w2t_w1_by_hand():
 
 
 def test_gated_hidden_prev_formula_by_hand():
-    head = make_head(head_type="gated")
+    head = make_head(kind="gated")
     prev, hidden = inputs()
     bias = head.block_bias(prev, hidden)
     Wg, bg = head.gate_proj.weight, head.gate_proj.bias
@@ -56,7 +58,7 @@ def test_gated_hidden_prev_formula_by_hand():
 
 
 def test_dflash2_form_has_no_gate_bias_and_is_linear_in_hidden():
-    head = make_head(head_type="gated", gate_input="hidden", gate_activation="identity")
+    head = make_head(kind="gated", gate_input="hidden", gate_activation="identity")
     assert head.gate_proj.bias is None and head.gate_proj.in_features == H
     prev, hidden = inputs()
     bias = head.block_bias(prev, hidden)
@@ -67,8 +69,8 @@ def test_dflash2_form_has_no_gate_bias_and_is_linear_in_hidden():
 
 @pytest.mark.parametrize("gate_input", ["hidden+prev", "hidden"])
 def test_gate_forced_to_one_equals_vanilla(gate_input):
-    gated = make_head(head_type="gated", gate_input=gate_input)
-    vanilla = make_head(head_type="vanilla")
+    gated = make_head(kind="gated", gate_input=gate_input)
+    vanilla = make_head(kind="vanilla")
     vanilla.markov_w1.weight.data.copy_(gated.markov_w1.weight)
     vanilla.markov_w2.weight.data.copy_(gated.markov_w2.weight)
     gated.gate_proj.weight.data.zero_()
@@ -79,7 +81,7 @@ def test_gate_forced_to_one_equals_vanilla(gate_input):
 
 
 def test_rnn_state_recursion_step_by_step():
-    head = make_head(head_type="rnn")
+    head = make_head(kind="rnn")
     prev, hidden = inputs()
     bias = head.block_bias(prev, hidden)
     Wj, bj = head.joint_proj.weight, head.joint_proj.bias
@@ -103,12 +105,12 @@ def test_block_bias_equals_stacked_step_bias(variant):
     for k in range(prev.shape[1]):
         bias, state = head.step_bias(prev[:, k], hidden[:, k], state)
         steps.append(bias)
-        assert (state is None) == (variant["head_type"] != "rnn")
+        assert (state is None) == (variant["kind"] != "rnn")
     torch.testing.assert_close(head.block_bias(prev, hidden), torch.stack(steps, 1), rtol=0, atol=1e-12)
 
 
 def test_fresh_head_starts_as_pure_dflash():
-    head = MarkovHead(verifier_vocab_size=V, draft_vocab_size=VD, rank=R, hidden_size=H, head_type="gated")
+    head = MarkovHead(verifier_vocab_size=V, draft_vocab_size=VD, rank=R, hidden_size=H, kind="gated")
     prev, hidden = inputs()
     assert torch.count_nonzero(head.block_bias(prev, hidden.float())) == 0
 
@@ -116,7 +118,7 @@ def test_fresh_head_starts_as_pure_dflash():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(head_type="lstm"), "head_type"),
+        (dict(kind="lstm"), "kind"),
         (dict(rank=-1), "rank"),
         (dict(rank=0), "rank"),
         (dict(gate_input="prev"), "gate_input"),
@@ -130,8 +132,47 @@ def test_invalid_heads(kwargs, message):
         MarkovHead(**args)
 
 
+@pytest.mark.parametrize(
+    "stored, expected",
+    [
+        # the forms checkpoints and configs written before the config became one dataclass still read
+        (
+            {"class_path": "dspark_lightning.models.VanillaMarkov", "init_args": {"rank": 64}},
+            ("vanilla", 64, "vanilla"),
+        ),
+        ({"class_path": "dspark_lightning.models.GatedMarkov"}, ("gated", 256, "gated")),
+        ({"class_path": "dspark_lightning.models.SelectorMarkov", "init_args": {"rank": 8}}, ("gated", 8, "selector")),
+        ({"class_path": "dspark_lightning.models.RnnMarkov", "init_args": {"rank": 4}}, ("rnn", 4, "rnn")),
+        (
+            {
+                "class_path": "dspark_lightning.models.MarkovHeadConfig",
+                "init_args": {"rank": 64, "head_type": "gated", "gate_input": "hidden", "gate_activation": "identity"},
+            },
+            ("gated", 64, "selector"),
+        ),
+        ({"kind": "gated", "rank": 3, "gate_input": "hidden"}, ("gated", 3, "gated")),
+    ],
+)
+def test_head_config_reads_current_and_old_forms(stored, expected):
+    config = MarkovHeadConfig.from_dict(stored)
+    assert (config.kind, config.rank, config.label) == expected
+    assert MarkovHeadConfig.from_dict(dataclasses.asdict(config)) == config  # asdict is the stored form
+
+
+def test_head_config_validates_and_names_the_selector_form():
+    assert MarkovHeadConfig.selector(8) == MarkovHeadConfig("gated", 8, "hidden", "identity")
+    assert MarkovHeadConfig.selector(8).is_selector_form and not MarkovHeadConfig("gated", 8).is_selector_form
+    for bad, message in (({"kind": "lstm"}, "kind"), ({"rank": -1}, "rank"), ({"gate_input": "prev"}, "gate_input")):
+        with pytest.raises(ValueError, match=message):
+            MarkovHeadConfig(**bad)
+    with pytest.raises(ValueError, match="class_path"):
+        MarkovHeadConfig.from_dict({"class_path": "os.system", "init_args": {}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MarkovHeadConfig().rank = 3
+
+
 def test_rnn_has_no_transition_features():
-    head = make_head(head_type="rnn")
+    head = make_head(kind="rnn")
     prev, hidden = inputs()
     with pytest.raises(ValueError, match="path dependent"):
         head.transition_features(prev, hidden)

@@ -78,6 +78,10 @@ def test_unknown_head_is_rejected(tmp_path):
 @pytest.mark.parametrize(
     ("model", "expected"),
     [
+        ({"drafter": {"markov_head": None, "block_size": 16}}, ("none", 16)),
+        ({"drafter": {"markov_head": {"kind": "gated", "rank": 8}}, "loss": {"gamma": 4.0}}, ("gated", 8)),
+        ({"drafter": {"markov_head": {"kind": "gated", "gate_input": "hidden", "gate_activation": "identity"}}}, ("selector", 8)),
+        # runs and checkpoints written before the config groups: flat options, the head as a class_path
         ({"markov_head": None, "block_size": 16}, ("none", 16)),
         ({"markov_head": {"class_path": "dspark_lightning.models.VanillaMarkov", "init_args": {"rank": 64}}}, ("vanilla", 8)),
         ({"markov_head": {"class_path": "dspark_lightning.models.GatedMarkov"}, "block_size": 8}, ("gated", 8)),
@@ -107,7 +111,7 @@ def test_reliability_bins_reproduce_the_ece():
 
 
 def test_shell_command_quotes_globs():
-    command = analysis.shell_command(["fit", "--data.train_files=a/*.jsonl", "--model.block_size=8"])
+    command = analysis.shell_command(["fit", "--data.train_files=a/*.jsonl", "--model.drafter.block_size=8"])
     assert command.splitlines()[0] == "dspark-lightning fit \\"
     assert "'--data.train_files=a/*.jsonl'" in command
 

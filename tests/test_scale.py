@@ -151,8 +151,8 @@ def test_strategy_configs_pass_print_config(strategy, capsys):
 # ------------------------------------------------------------------------------------------ DDP = one process
 def validate_args(save_dir: Path) -> list[str]:
     return [
-        "validate", f"--model.target={DEMO_TARGET}", f"--data.val_files={VAL}", "--data.limit_val_samples=24",
-        "--data.seq_len=128", "--data.batch_size=2", "--model.max_anchors=8", "--trainer.accelerator=cpu",
+        "validate", f"--model.target.path={DEMO_TARGET}", f"--data.val_files={VAL}", "--data.limit_val_samples=24",
+        "--data.seq_len=128", "--data.batch_size=2", "--model.drafter.max_anchors=8", "--trainer.accelerator=cpu",
         "--trainer.limit_val_batches=1.0", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={save_dir}",
         "--trainer.logger.name=run",
@@ -250,7 +250,7 @@ def test_scaling_doc_commands_run_at_demo_scale(tmp_path, monkeypatch):
             extra = [
                 "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2",
                 "--trainer.callbacks=[]", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
-                f"--trainer.logger.save_dir={tmp_path / 'runs'}", "--data.batch_size=2", "--model.max_anchors=8",
+                f"--trainer.logger.save_dir={tmp_path / 'runs'}", "--data.batch_size=2", "--model.drafter.max_anchors=8",
             ]  # fmt: skip
             if "configs/cache.yaml" in args:
                 extra += [

@@ -30,7 +30,7 @@ from dspark_lightning.selector import (
 
 DTYPE = torch.float64
 SIGNIFICANCE = 1e-3  # chi-square tests reject at p < 0.001 (deterministic: fixed generators)
-# (head_type, gate_input, gate_activation): vanilla and the four gate forms of docs/design.md §4.2.
+# (kind, gate_input, gate_activation): vanilla and the four gate forms of docs/design.md §4.2.
 PAIR_FORMS = [
     ("vanilla", "hidden+prev", "sigmoid"),
     ("gated", "hidden+prev", "sigmoid"),
@@ -57,14 +57,14 @@ def _single_thread():
 
 
 def make_head(form, vocab=11, draft_vocab=None, rank=4, hidden_size=6, seed=0, w2_std=0.7):
-    head_type, gate_input, gate_activation = form
+    kind, gate_input, gate_activation = form
     torch.manual_seed(seed)
     head = MarkovHead(
         verifier_vocab_size=vocab,
         draft_vocab_size=draft_vocab or vocab,
         rank=rank,
         hidden_size=hidden_size,
-        head_type=head_type,
+        kind=kind,
         gate_input=gate_input,
         gate_activation=gate_activation,
     ).to(DTYPE)

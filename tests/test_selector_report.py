@@ -19,11 +19,11 @@ def _single_thread():
     torch.set_num_threads(threads)
 
 
-def make_case(seed=0, vocab=12, block=6, n_rows=10, hidden_size=6, head_type="gated"):
+def make_case(seed=0, vocab=12, block=6, n_rows=10, hidden_size=6, kind="gated"):
     torch.manual_seed(seed)
-    head = MarkovHead(
-        verifier_vocab_size=vocab, draft_vocab_size=vocab, rank=4, hidden_size=hidden_size, head_type=head_type
-    ).to(DTYPE)
+    head = MarkovHead(verifier_vocab_size=vocab, draft_vocab_size=vocab, rank=4, hidden_size=hidden_size, kind=kind).to(
+        DTYPE
+    )
     with torch.no_grad():
         head.markov_w2.weight.normal_(0.0, 0.8)
     head.requires_grad_(False)
@@ -110,6 +110,6 @@ def test_teacher_that_agrees_with_the_draft_gives_full_greedy_tau():
 
 
 def test_rnn_head_is_refused():
-    head, base, first_prev, hidden = make_case(seed=9, head_type="rnn")
+    head, base, first_prev, hidden = make_case(seed=9, kind="rnn")
     with pytest.raises(ValueError, match="rnn"):
         equivalence_report(base, head, first_prev, hidden)

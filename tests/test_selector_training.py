@@ -18,7 +18,7 @@ from dspark_lightning.selector import (
 )
 
 DTYPE = torch.float64
-DFLASH2_FORM = {"head_type": "gated", "gate_input": "hidden", "gate_activation": "identity"}
+DFLASH2_FORM = {"kind": "gated", "gate_input": "hidden", "gate_activation": "identity"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,7 +73,7 @@ def brute_force_candidate_loss(base, head, prev, hidden, target, k, valid, rule)
 @pytest.mark.parametrize("rule", ["replace_kth", "exclude"])
 @pytest.mark.parametrize(
     "form",
-    [DFLASH2_FORM, {"head_type": "vanilla"}, {"head_type": "gated", "gate_input": "hidden+prev"}],
+    [DFLASH2_FORM, {"kind": "vanilla"}, {"kind": "gated", "gate_input": "hidden+prev"}],
     ids=["dflash2", "vanilla", "gated-hidden+prev"],
 )
 def test_candidate_loss_equals_brute_force(rule, form):
@@ -135,7 +135,7 @@ def test_round_trip_through_candidate_selector_keeps_scores_identical():
     assert state["candidate_selector.successor_codebook"].shape == (vocab, 4)
     assert state["candidate_selector.hidden_projection.weight"].shape == (4, hidden_size)
     restored = from_candidate_selector(state)
-    assert (restored.head_type, restored.gate_input, restored.gate_activation) == ("gated", "hidden", "identity")
+    assert (restored.kind, restored.gate_input, restored.gate_activation) == ("gated", "hidden", "identity")
     base, prev, hidden, _ = make_batch(3, 5, vocab, vocab, hidden_size, seed=3)
     first_prev = prev[:, 0]
     candidates, scores = pair_scores(base, head, first_prev, hidden, k)
@@ -185,10 +185,10 @@ def test_conversion_with_reduced_draft_vocab_and_other_key_layouts():
 @pytest.mark.parametrize(
     "form",
     [
-        {"head_type": "vanilla"},
-        {"head_type": "gated", "gate_input": "hidden+prev", "gate_activation": "sigmoid"},
-        {"head_type": "gated", "gate_input": "hidden", "gate_activation": "sigmoid"},
-        {"head_type": "rnn"},
+        {"kind": "vanilla"},
+        {"kind": "gated", "gate_input": "hidden+prev", "gate_activation": "sigmoid"},
+        {"kind": "gated", "gate_input": "hidden", "gate_activation": "sigmoid"},
+        {"kind": "rnn"},
     ],
 )
 def test_only_the_dflash2_form_converts(form):

@@ -46,7 +46,7 @@ def test_window_mask_matches_the_rule():
 
 def test_flex_and_sdpa_agree_with_sliding_and_full_layers():
     kwargs = dict(
-        markov=MarkovHeadConfig(rank=8, head_type="gated"),
+        markov=MarkovHeadConfig(rank=8, kind="gated"),
         sliding_window=5,
         layer_types=["sliding_attention", "full_attention"],
     )

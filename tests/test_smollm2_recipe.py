@@ -144,8 +144,8 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
         + ["--batch_size", "1", "--layers", "[1,14,27]", "--limit", "2"]
     )
     assert sum(shard["num_samples"] for shard in summary["shards"]) == 2 and summary["complete"]
-    fit_args = [f"--model.target={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
-    fit_args += [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.max_anchors=8"]
+    fit_args = [f"--model.target.path={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
+    fit_args += [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.drafter.max_anchors=8"]
     rows = cli_main(
         ["report-smollm2", "--output", str(tmp_path / "report"), "--heads", "[vanilla]", "--steps", "2"]
         + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]

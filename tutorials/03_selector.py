@@ -66,7 +66,7 @@ WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="ds
 # %%
 torch.manual_seed(0)
 V, r, H, N, B = 300, 16, 32, 64, 8
-gated = MarkovHead(verifier_vocab_size=V, draft_vocab_size=V, rank=r, hidden_size=H, head_type="gated")
+gated = MarkovHead(verifier_vocab_size=V, draft_vocab_size=V, rank=r, hidden_size=H, kind="gated")
 torch.nn.init.normal_(gated.markov_w2.weight, std=0.5)
 base = 2.0 * torch.randn(N, B, V)  # U_t: the backbone's base logits
 hidden = torch.randn(N, B, H)  # h_t: the draft hidden states (the gate reads them)
@@ -106,7 +106,7 @@ print(f"pair_scores vs the head's own logits at the candidates: max |difference|
 
 # %%
 fixed = copy.deepcopy(gated)
-vanilla = MarkovHead(verifier_vocab_size=V, draft_vocab_size=V, rank=r, hidden_size=H, head_type="vanilla")
+vanilla = MarkovHead(verifier_vocab_size=V, draft_vocab_size=V, rank=r, hidden_size=H, kind="vanilla")
 with torch.no_grad():
     fixed.gate_proj.weight.zero_()
     fixed.gate_proj.bias.fill_(40.0)
@@ -201,7 +201,7 @@ def best_of(fn, repeats=3):
 
 Vd, Hb, Nb, Bb = 32768, 256, 16, 16
 torch.manual_seed(0)
-big = MarkovHead(verifier_vocab_size=Vd, draft_vocab_size=Vd, rank=64, hidden_size=Hb, head_type="gated")
+big = MarkovHead(verifier_vocab_size=Vd, draft_vocab_size=Vd, rank=64, hidden_size=Hb, kind="gated")
 torch.nn.init.normal_(big.markov_w2.weight, std=0.1)
 big_base, big_hidden, big_prev = torch.randn(Nb, Bb, Vd), torch.randn(Nb, Bb, Hb), torch.randint(Vd, (Nb,))
 with torch.no_grad():
@@ -247,7 +247,7 @@ as_vanilla = MarkovHead(
     draft_vocab_size=head.draft_vocab_size,
     rank=head.rank,
     hidden_size=head.hidden_size,
-    head_type="vanilla",
+    kind="vanilla",
 )
 with torch.no_grad():
     forced.gate_proj.weight.zero_()

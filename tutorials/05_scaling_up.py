@@ -54,8 +54,9 @@ configs = {
     "Qwen3-8B": "configs/qwen3_8b_sharegpt.yaml",
 }
 keys = [
-    "model.target", "model.target_dtype", "model.block_size", "model.num_layers", "model.target_layer_ids",
-    "model.max_anchors", "model.markov_head.init_args.rank", "model.gamma", "model.attention_backend",
+    "model.target.path", "model.target.dtype", "model.drafter.block_size", "model.drafter.num_layers",
+    "model.drafter.target_layer_ids", "model.drafter.max_anchors", "model.drafter.markov_head.rank", "model.loss.gamma",
+    "model.drafter.attention_backend",
     "model.optimizer.init_args.lr", "data.train_files", "data.seq_len", "data.batch_size", "data.mask_token",
     "trainer.accelerator", "trainer.devices", "trainer.precision", "trainer.max_steps",
 ]  # fmt: skip
@@ -79,16 +80,16 @@ pd.DataFrame(table)
 # %% [markdown]
 # What the numbers mean:
 #
-# - **`target`** is a hub id; the tokenizer comes with it (linked into the data module). Qwen3 has no mask token, so
-#   `data.mask_token` names an unused special token. `target_layer_ids` picks the target layers whose hidden states
-#   feed the drafter (spread over depth, as in EAGLE-3 / DFlash).
-# - **Blocks and anchors.** `block_size` 16 drafts 16 tokens per verification. `max_anchors` blocks are sampled per
-#   packed row: anchors x block size = draft rows per sequence, the main memory knob together with `seq_len`
-#   (`python -m benchmarks.bench_scaling` measures step time and memory against both; the loss is computed in row
-#   chunks so the `(A·B) x Vd` logits never exist in several fp32 copies).
-# - **`gamma`** of the `exp(-k/gamma)` position weights grows with the block size, so late slots still learn.
-# - **`attention_backend: flex`** compiles FlexAttention block masks on CUDA (SDPA with a dense mask on CPU).
-# - **Precision**: `bf16-mixed` for the drafter; the frozen target is loaded in `target_dtype`.
+# - **`target.path`** is a hub id; the tokenizer comes with it (linked into the data module). Qwen3 has no mask token,
+#   so `data.mask_token` names an unused special token. `drafter.target_layer_ids` picks the target layers whose
+#   hidden states feed the drafter (spread over depth, as in EAGLE-3 / DFlash).
+# - **Blocks and anchors.** `drafter.block_size` 16 drafts 16 tokens per verification. `max_anchors` blocks are
+#   sampled per packed row: anchors x block size = draft rows per sequence, the main memory knob together with
+#   `seq_len` (`python -m benchmarks.bench_scaling` measures step time and memory against both; the loss is computed
+#   in row chunks so the `(A·B) x Vd` logits never exist in several fp32 copies).
+# - **`loss.gamma`** of the `exp(-k/gamma)` position weights grows with the block size, so late slots still learn.
+# - **`drafter.attention_backend: flex`** compiles FlexAttention block masks on CUDA (SDPA with a dense mask on CPU).
+# - **Precision**: `bf16-mixed` for the drafter; the frozen target is loaded in `model.target.dtype`.
 # - **Data**: a hub ShareGPT dataset, streamed (never downloaded whole); train on *on-policy* data - the target's
 #   own answers - for a drafter that matches what the target will actually generate:
 
@@ -116,7 +117,10 @@ with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
     cli_main(command)
 resolved = yaml.safe_load(printed.getvalue())
 print(yaml.safe_dump({
-    "model": {k: resolved["model"][k] for k in ("target", "block_size", "max_anchors", "markov_head")},
+    "model": {
+        "target": resolved["model"]["target"]["path"],
+        "drafter": {k: resolved["model"]["drafter"][k] for k in ("block_size", "max_anchors", "markov_head")},
+    },
     "trainer": {
         "accelerator": resolved["trainer"]["accelerator"],
         "devices": resolved["trainer"]["devices"],

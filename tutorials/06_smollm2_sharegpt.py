@@ -50,7 +50,7 @@ from dspark_lightning.data.sharegpt import (
 )
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.import_gguf import import_gguf
-from dspark_lightning.lightning.module import DSparkModule
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 
 quiet_logs()
 torch.set_num_threads(1)
@@ -115,10 +115,11 @@ cache = WORK / "cache"
 cli_main(["cache", "--target", target, "--data", shipped, "--output", str(cache), "--seq_len", "256",
           "--batch_size", "1", "--layers", "[1,14,27]", "--limit", "2"])  # fmt: skip
 cli = cli_main([
-    "fit", "--config", str(REPO / "configs/smollm2_sharegpt.yaml"), f"--model.target={target}",
+    "fit", "--config", str(REPO / "configs/smollm2_sharegpt.yaml"), f"--model.target.path={target}",
     f"--data.train_cache={cache}", f"--data.val_cache={cache}", f"--data.val_files={shipped}",
-    f"--model.draft_vocab={REPO / 'assets/smollm2/draft_vocab.safetensors'}", "--data.seq_len=256",
-    "--model.max_anchors=8", "--trainer.max_steps=4", "--trainer.val_check_interval=4", "--trainer.limit_val_batches=1",
+    f"--model.drafter.draft_vocab={REPO / 'assets/smollm2/draft_vocab.safetensors'}", "--data.seq_len=256",
+    "--model.drafter.max_anchors=8", "--trainer.max_steps=4", "--trainer.val_check_interval=4",
+    "--trainer.limit_val_batches=1",
     "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={WORK / 'runs'}",
 ])  # fmt: skip
 print("drafter vocabulary:", cli.model.drafter.draft_vocab_size, "of", cli.model.target.vocab_size, "tokens")
@@ -127,15 +128,13 @@ print({k: round(float(cli.trainer.callback_metrics[k]), 3) for k in ("val/loss",
 # %% [markdown]
 # ## 5. Decode with the real target
 #
-# The trained drafter is loaded with the full target (`target_features="online"`), and greedy speculative decoding is
+# The trained drafter is loaded with the full target (`features="online"`), and greedy speculative decoding is
 # compared with the target's own `generate` on a held-out prompt (validation split: never trained on). The output must
 # be identical token for token whatever the drafter's quality; after 4 steps, tau (tokens per target forward) is
 # still near 1 — the committed report `reports/smollm2/` has the trained numbers.
 
 # %%
-module = DSparkModule.load_from_checkpoint(
-    cli.trainer.checkpoint_callback.last_model_path, target_features="online", weights_only=True
-).eval()
+module = load_checkpoint_module(cli.trainer.checkpoint_callback.last_model_path, features="online")
 prompt = torch.tensor([cli.datamodule.eval_prompts()[0]])
 model = AutoModelForCausalLM.from_pretrained(target).eval()
 with torch.no_grad():

@@ -7,7 +7,7 @@ This module is the format and the reader (the data layer never loads a model); t
         --seq_len 4096 --batch_size 8 [--layers '[1,17,33]' | --num_draft_layers 3] [--dtype bfloat16] [--limit N]
 
 then train with no target decoder in memory (``configs/cache.yaml``: ``data.train_cache`` / ``data.val_cache`` and
-``model.target_features: cache``).
+``model.target.features: cache``).
 
 Format (``index.json`` + ``features-NNNNN.safetensors``): each shard holds ``--shard_size`` packed samples as
 tensors with a leading sample dimension, in the batch contract of ``dspark_lightning.data`` plus the target's

@@ -112,7 +112,7 @@ class ShareGPTDataModule(L.LightningDataModule):
                 the vocabulary (e.g. an unused reserved token).
             chat_template_kwargs: Extra variables for the chat template (e.g. ``{"enable_thinking": false}``).
             train_cache: Directory (or list) written by ``dspark-lightning cache``: train from cached target features
-                instead of ``train_files`` (pair with ``model.target_features: cache``).
+                instead of ``train_files`` (pair with ``model.target.features: cache``).
             val_cache: Same for validation and test (instead of ``val_files`` / ``test_files``).
             split_by_id: Carve validation / test out of the same files by conversation id, e.g.
                 ``{validation: 0.02, test: 0.02}`` (deterministic; all parts ``<id>_N`` of one conversation stay
@@ -154,7 +154,7 @@ class ShareGPTDataModule(L.LightningDataModule):
                 os.path.expanduser(name)
             ):
                 raise FileNotFoundError(
-                    f"tokenizer / target {name!r} does not exist (data.tokenizer, linked from model.target): "
+                    f"tokenizer / target {name!r} does not exist (data.tokenizer, linked from model.target.path): "
                     "give an existing model directory or a hub id"
                 )
             self._tokenizer = AutoTokenizer.from_pretrained(

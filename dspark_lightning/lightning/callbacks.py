@@ -219,7 +219,8 @@ class SpeculativeDecodingCallback(L.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero or trainer.datamodule is None:
             return
         if parameters_sharded(trainer) or not hasattr(pl_module.target, "model"):
-            return  # FSDP (sharded target), or cache mode (model.target_features=cache): no target decoder to verify drafts with
+            # FSDP (sharded target), or cache mode (model.target.features=cache): no target decoder to verify drafts with
+            return
         prompts = trainer.datamodule.eval_prompts()[: self.num_prompts]
         head = pl_module.drafter.markov_head
         teacher_tau = pl_module.last_validation.get("acceptance/tau")

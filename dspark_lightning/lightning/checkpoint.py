@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from safetensors.torch import save_file
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
+from dspark_lightning.lightning.config import migrate_hparams
 from dspark_lightning.lightning.module import DSparkModule
 
 
@@ -24,29 +24,31 @@ def load_checkpoint_module(
     *,
     checkpoint: dict | None = None,
     where: str | None = None,
-    **hparam_overrides: Any,
+    features: str | None = None,
 ) -> DSparkModule:
     """Rebuild the ``DSparkModule`` of a Lightning checkpoint, in eval mode, on the CPU.
 
-    ``target`` overrides the recorded target path and ``hparam_overrides`` any other recorded hyper-parameter (e.g.
-    ``target_features="online"`` to decode with a drafter trained from a feature cache). ``checkpoint`` is the
-    already-read checkpoint dict, if the caller has it; ``where`` names it in the non-finite error.
+    ``target`` overrides the recorded target path and ``features`` the recorded ``target.features`` (``online`` to
+    decode with a drafter trained from a feature cache). ``checkpoint`` is the already-read checkpoint dict, if the
+    caller has it; ``where`` names it in the non-finite error. Checkpoints written before the config groups load too
+    (``lightning/config.py: migrate_hparams``).
     """
     checkpoint = read_checkpoint(ckpt_path) if checkpoint is None else checkpoint
-    hparams = dict(checkpoint["hyper_parameters"])
-    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}  # LightningCLI bookkeeping
-    hparams["compile"] = False
+    hparams = {name: dict(group) for name, group in migrate_hparams(checkpoint["hyper_parameters"]).items()}
+    hparams["training"]["compile"] = False
     if target is not None:
-        hparams["target"] = target
-    hparams.update(hparam_overrides)
+        hparams["target"]["path"] = target
+    if features is not None:
+        hparams["target"]["features"] = features
     state = checkpoint["state_dict"]
     # never export, decode or calibrate a diverged drafter (checked before the target is loaded)
     check_finite_state(state, where or f"checkpoint {ckpt_path}")
     with tempfile.TemporaryDirectory() as tmp:
-        vocab_path = hparams.get("draft_vocab")
+        drafter = hparams["drafter"]
+        vocab_path = drafter.get("draft_vocab")
         if vocab_path and not Path(vocab_path).is_file() and "drafter.draft_vocab.d2t" in state:
-            hparams["draft_vocab"] = str(Path(tmp) / "draft_vocab.safetensors")  # the file moved: use the ckpt's d2t
-            save_file({"d2t": state["drafter.draft_vocab.d2t"].contiguous()}, hparams["draft_vocab"])
+            drafter["draft_vocab"] = str(Path(tmp) / "draft_vocab.safetensors")  # the file moved: use the ckpt's d2t
+            save_file({"d2t": state["drafter.draft_vocab.d2t"].contiguous()}, drafter["draft_vocab"])
         module = DSparkModule(**hparams)
     missing, unexpected = module.load_state_dict(state, strict=False)
     needed = set(module.state_dict()) - module.frozen_state_keys()

@@ -3,10 +3,11 @@
 Below the commands, so a command that trains (``report``, ``loss-study``, ``report-smollm2``) runs exactly what
 ``dspark-lightning fit`` runs without importing the command table above it.
 
-Values that the data and the model share are linked, never repeated in YAML: the tokenizer is the target's
-(``model.target`` -> ``data.tokenizer``), the block size goes to the data module (``model.block_size`` ->
-``data.block_size``) and the mask token id comes from the tokenizer (``data.mask_token_id`` ->
-``model.mask_token_id``).
+The model's options are four groups (``model.target``, ``model.drafter``, ``model.loss``, ``model.training``; see
+``lightning/config.py``) plus the ``optimizer``/``scheduler`` callables. Values that the data and the model share are
+linked, never repeated in YAML: the tokenizer is the target's (``model.target.path`` -> ``data.tokenizer``), the block
+size goes to the data module (``model.drafter.block_size`` -> ``data.block_size``) and the mask token id comes from
+the tokenizer (``data.mask_token_id`` -> ``model.drafter.mask_token_id``).
 
 Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), claimed with
 ``os.mkdir`` before anything is written (``lightning/run_dirs.py``), so runs of one name started together never share
@@ -22,13 +23,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.lightning.config import GROUPS, migrate_hparams
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.lightning.run_dirs import ClaimRunDirectory
-from dspark_lightning.models.markov import markov_config_from, markov_config_to_dict
 
 LIGHTNING_COMMANDS = {
     "fit": "train a drafter (LightningCLI: --config YAML, --model.*, --data.*, --trainer.*)",
@@ -44,9 +46,13 @@ class DSparkCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or (ckpt_path in ("last", "best", "hpc", "registry") and not os.path.exists(ckpt_path)):
             return super()._parse_ckpt_path()
-        check_finite_state(read_checkpoint(ckpt_path)["state_dict"], f"--ckpt_path {ckpt_path}")
+        checkpoint = read_checkpoint(ckpt_path)
+        check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
         given = self.config[subcommand].model.clone()
-        super()._parse_ckpt_path()
+        # what Lightning's own _parse_ckpt_path does, after moving old flat hyper-parameters into their groups
+        hparams = migrate_hparams(checkpoint.get("hyper_parameters", {}))
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         differing = model_argument_differences(given, self.config[subcommand].model)
         if differing:
             listed = "; ".join(
@@ -63,21 +69,30 @@ class DSparkCLI(LightningCLI):
         return trainer
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.target", "data.tokenizer", apply_on="parse")
-        parser.link_arguments("model.trust_remote_code", "data.trust_remote_code", apply_on="parse")
-        parser.link_arguments("model.block_size", "data.block_size", apply_on="parse")
-        parser.link_arguments("data.mask_token_id", "model.mask_token_id", apply_on="instantiate")
+        parser.link_arguments("model.target.path", "data.tokenizer", apply_on="parse")
+        parser.link_arguments("model.target.trust_remote_code", "data.trust_remote_code", apply_on="parse")
+        parser.link_arguments("model.drafter.block_size", "data.block_size", apply_on="parse")
+        parser.link_arguments("data.mask_token_id", "model.drafter.mask_token_id", apply_on="instantiate")
 
 
 def model_argument_differences(given, from_checkpoint) -> list[tuple[str, object, object]]:
-    """``(name, given value, checkpoint value)`` for every top-level model argument the checkpoint changes."""
-    mine, theirs = given.as_dict(), from_checkpoint.as_dict()
+    """``(group.field, given value, checkpoint value)`` for every model option the checkpoint changes."""
+    mine, theirs = _flat_options(given.as_dict()), _flat_options(from_checkpoint.as_dict())
     for values in (mine, theirs):
-        values.pop("mask_token_id", None)  # linked from the data module when the model is built, never given
-        if values.get("markov_head") is not None:  # class_path + init_args or the checkpoint's plain dict: one form
-            values["markov_head"] = markov_config_to_dict(markov_config_from(values["markov_head"]))
+        values.pop("drafter.mask_token_id", None)  # linked from the data module when the model is built, never given
     keys = sorted(k for k in set(mine) | set(theirs) if not k.startswith("_"))
     return [(key, mine.get(key), theirs.get(key)) for key in keys if mine.get(key) != theirs.get(key)]
+
+
+def _flat_options(values: dict, prefix: str = "") -> dict:
+    """``{"drafter": {"block_size": 8}}`` -> ``{"drafter.block_size": 8}`` (dicts of the loss weights stay whole)."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and key in (*GROUPS, "markov_head"):
+            flat |= _flat_options(value, f"{prefix}{key}.")
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: str | None = None) -> DSparkCLI:
@@ -86,6 +101,8 @@ def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: 
     ``run=False`` parses and builds the model, data module and trainer without running a subcommand (no subcommand
     word in ``args`` then).
     """
+    # the config groups document each field by a string under it (lightning/config.py): show those in --help
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
     return DSparkCLI(
         DSparkModule,
         ShareGPTDataModule,

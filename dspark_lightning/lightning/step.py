@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torchmetrics
 
+from dspark_lightning.lightning.config import LossArgs
 from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
 from dspark_lightning.models import DrafterOutput, DSparkDrafter
 from dspark_lightning.selector import candidate_loss
@@ -52,22 +52,21 @@ class AnchorCoverage(torchmetrics.Metric):
         return self.covered.float() / self.supervised.clamp(min=1).float()
 
 
-def step_output(
-    out: DrafterOutput, hp: Mapping[str, Any] | Any, loss_spec: dict, drafter: DSparkDrafter, first: int
-) -> StepOutput:
-    """Losses and per-slot acceptance of one drafter forward ``out`` under the module's hyper-parameters ``hp``.
+def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSparkDrafter) -> StepOutput:
+    """Losses and per-slot acceptance of one drafter forward ``out`` under the loss options ``hp``.
 
     The compound loss (chunked, analytic gradient) + ``confidence_alpha`` x the confidence BCE on the detached
-    acceptance + ``candidate_loss_weight`` x the Selector candidate loss; per-slot outputs keep slots ``first``..B-1.
+    acceptance + ``candidate_weight`` x the Selector candidate loss; per-slot outputs keep the trained slots
+    (``first_trained_slot``..B-1 of the drafter's config).
     """
-    B = hp.block_size
+    B, first = drafter.config.block_size, drafter.config.first_trained_slot
     Nb = out.logits.shape[0] * out.logits.shape[1]
     scheme = "dpace" if hp.position_weighting == "dpace" else "static"
     weights = position_weights(
         B,
         scheme=hp.position_weighting,
         gamma=hp.gamma,
-        sample_from_anchor=hp.sample_from_anchor,
+        sample_from_anchor=drafter.config.sample_from_anchor,
         device=out.logits.device,
     )
     valid = out.slot_valid.view(Nb, B)
@@ -77,7 +76,7 @@ def step_output(
         weights,
         valid,
         loss_spec,
-        hp.loss_chunk_size,
+        hp.chunk_size,
         weight_scheme=scheme,
         block_size=B,
         lk_eta=hp.lk_eta,
@@ -97,7 +96,7 @@ def step_output(
         total = total + hp.confidence_alpha * conf
         losses["loss_confidence"] = conf.detach()
         confidence = torch.sigmoid(conf_logits.detach().float())
-    if hp.candidate_loss_weight > 0:
+    if hp.candidate_weight > 0:
         vocab, target_ids = drafter.draft_vocab, out.target_tokens.flatten(0, 1)
         cand, recall = candidate_loss(
             out.base_logits.flatten(0, 1),
@@ -109,7 +108,7 @@ def step_output(
             valid,
             rule=hp.candidate_rule,
         )
-        total = total + hp.candidate_loss_weight * cand
+        total = total + hp.candidate_weight * cand
         losses["loss_candidate"] = cand.detach()
         losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
     losses["loss"] = total.detach()

@@ -4,14 +4,7 @@ from dspark_lightning.models.backbone import Anchors, BackboneConfig, DFlashBack
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter import DrafterConfig, DrafterOutput, DSparkDrafter
-from dspark_lightning.models.markov import (
-    GatedMarkov,
-    MarkovHead,
-    MarkovHeadConfig,
-    RnnMarkov,
-    SelectorMarkov,
-    VanillaMarkov,
-)
+from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
 from dspark_lightning.models.target import FrozenTarget, TargetFeatures, load_causal_lm
 from dspark_lightning.models.vocab import DraftVocab
 
@@ -26,10 +19,6 @@ __all__ = [
     "DrafterConfig",
     "DrafterOutput",
     "FrozenTarget",
-    "GatedMarkov",
-    "RnnMarkov",
-    "SelectorMarkov",
-    "VanillaMarkov",
     "MarkovHead",
     "MarkovHeadConfig",
     "TargetFeatures",

@@ -38,7 +38,7 @@ from dspark_lightning.models.backbone import (
 )
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
-from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig, VanillaMarkov, markov_config_from
+from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
@@ -46,55 +46,57 @@ MARKOV_PREV = ("teacher", "own")
 
 @dataclass
 class DrafterConfig:
-    """Everything that defines a drafter besides the target it drafts for.
-
-    Args:
-        block_size: tokens per draft block B (>= 2).
-        num_layers: draft decoder layers.
-        max_anchors: blocks sampled per packed row in training (A).
-        sample_from_anchor: DSpark convention (True) or DFlash convention (False), see module docstring.
-        mask_token_id: id of the mask token filling slots 1..B-1 (must exist in the target vocabulary).
-        target_layer_ids: target decoder layers feeding the context; None = DFlash default spread.
-        markov_head: the Markov head, or None for pure DFlash.
-        confidence_head: attach the acceptance-probability head.
-        confidence_with_markov: feed the Markov head's previous-token embedding to the confidence head.
-        train_lm_head: with a draft vocabulary, train a separate draft LM head (else reuse target rows, frozen).
-        num_heads, num_kv_heads, head_dim, intermediate_size: draft layer shape; None = the target's.
-        attention_backend: ``auto`` (flex on CUDA, sdpa otherwise), ``sdpa`` or ``flex``.
-        sliding_window: context window W of the sliding layers: a block anchored at p sees context positions
-            p - W .. p - 1 (its own block always, bidirectionally); None = full attention everywhere.
-        layer_types: per draft layer ``full_attention`` or ``sliding_attention``; None = all sliding when
-            ``sliding_window`` is set, else all full.
-    """
+    """Everything that defines a drafter besides the target it drafts for (``--model.drafter.*`` in the CLI)."""
 
     block_size: int = 8
+    """Tokens per draft block B (>= 2); linked into the data module."""
     num_layers: int = 1
+    """Draft decoder layers."""
     max_anchors: int = 64
+    """Blocks sampled per packed row in each training step (A)."""
     sample_from_anchor: bool = True
+    """DSpark convention (slot k predicts p+k+1) or DFlash convention (slot 0 is the bonus token), see module
+    docstring."""
     mask_token_id: int | None = None
+    """Id of the mask token filling slots 1..B-1 (must exist in the target vocabulary; linked from the data module's
+    tokenizer)."""
     target_layer_ids: list[int] | None = None
-    markov_head: MarkovHeadConfig | None = field(default_factory=VanillaMarkov)
+    """Target decoder layers whose outputs feed the drafter; None = the DFlash default spread over depth."""
+    markov_head: MarkovHeadConfig | None = field(default_factory=MarkovHeadConfig)
+    """The Markov head (``{kind: gated, rank: 64}``), or None for pure DFlash."""
     confidence_head: bool = True
+    """Attach the per-slot acceptance-probability head."""
     confidence_with_markov: bool = True
+    """Feed the Markov head's previous-token embedding to the confidence head."""
+    draft_vocab: str | None = None
+    """Path of a ``.safetensors`` file holding ``d2t`` (a reduced draft vocabulary), or None for the target's."""
     train_lm_head: bool = False
+    """With a draft vocabulary, train a separate draft LM head (else reuse the target's rows, frozen)."""
     num_heads: int | None = None
+    """Draft attention heads; None = the target's (likewise the next three)."""
     num_kv_heads: int | None = None
+    """Draft key/value heads; None = the target's."""
     head_dim: int | None = None
+    """Draft head dimension; None = the target's."""
     intermediate_size: int | None = None
+    """Draft MLP width; None = the target's."""
     attention_backend: str = "auto"
+    """``auto`` (flex on CUDA, sdpa otherwise), ``sdpa`` or ``flex``."""
     sliding_window: int | None = None
+    """Context window W of the sliding layers: a block anchored at p sees context positions p - W .. p - 1 (its own
+    block always, bidirectionally); None = full attention everywhere."""
     layer_types: list[str] | None = None
+    """Per draft layer ``full_attention`` or ``sliding_attention``; None = all sliding when ``sliding_window`` is set,
+    else all full."""
 
     def __post_init__(self) -> None:
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.max_anchors < 1:
             raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
-        self.markov_head = markov_config_from(self.markov_head)
+        self.markov_head = MarkovHeadConfig.coerce(self.markov_head)
         if self.markov_head is not None and self.markov_head.rank == 0:
             self.markov_head = None  # rank 0 means "no head", as in the DSpark CLI
-        if self.markov_head is not None and self.markov_head.rank < 0:
-            raise ValueError(f"Markov head rank must be >= 0, got {self.markov_head.rank}")
         if self.confidence_head and self.confidence_with_markov and self.markov_head is None:
             raise ValueError(
                 "confidence_with_markov=True needs a Markov head: set confidence_with_markov: false "

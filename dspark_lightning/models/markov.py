@@ -15,10 +15,14 @@ dependent and has no transition features.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import nn
 
-HEAD_TYPES = ("vanilla", "gated", "rnn")
+KINDS = ("vanilla", "gated", "rnn")
 GATE_INPUTS = ("hidden+prev", "hidden")
 GATE_ACTIVATIONS = ("sigmoid", "identity")
 
@@ -32,21 +36,16 @@ class MarkovHead(nn.Module):
         draft_vocab_size: int,
         rank: int,
         hidden_size: int,
-        head_type: str = "vanilla",
+        kind: str = "vanilla",
         gate_input: str = "hidden+prev",
         gate_activation: str = "sigmoid",
     ) -> None:
         super().__init__()
-        if head_type not in HEAD_TYPES:
-            raise ValueError(f"unknown Markov head_type {head_type!r}; expected one of {HEAD_TYPES}")
-        if not isinstance(rank, int) or rank < 1:
+        self.config = MarkovHeadConfig(kind, rank, gate_input, gate_activation)  # validates the names
+        if rank < 1:
             raise ValueError(
-                f"Markov head rank must be a positive integer, got {rank!r} (use no head / markov_rank=0 to disable it)"
+                f"Markov head rank must be a positive integer, got {rank!r} (use no head / rank 0 to disable it)"
             )
-        if gate_input not in GATE_INPUTS:
-            raise ValueError(f"unknown gate_input {gate_input!r}; expected one of {GATE_INPUTS}")
-        if gate_activation not in GATE_ACTIVATIONS:
-            raise ValueError(f"unknown gate_activation {gate_activation!r}; expected one of {GATE_ACTIVATIONS}")
         for name, value in (
             ("verifier_vocab_size", verifier_vocab_size),
             ("draft_vocab_size", draft_vocab_size),
@@ -61,7 +60,7 @@ class MarkovHead(nn.Module):
         self.draft_vocab_size = draft_vocab_size
         self.rank = rank
         self.hidden_size = hidden_size
-        self.head_type = head_type
+        self.kind = kind
         self.gate_input = gate_input
         self.gate_activation = gate_activation
 
@@ -69,24 +68,20 @@ class MarkovHead(nn.Module):
         self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
         nn.init.normal_(self.markov_w1.weight, std=1.0)
         nn.init.zeros_(self.markov_w2.weight)
-        if head_type == "gated":
+        if kind == "gated":
             in_features = hidden_size + rank if gate_input == "hidden+prev" else hidden_size
             self.gate_proj = nn.Linear(in_features, rank, bias=gate_activation != "identity")
-        elif head_type == "rnn":
+        elif kind == "rnn":
             self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
     @property
     def is_path_dependent(self) -> bool:
         """True for the rnn head: its bias depends on every earlier token, not only the previous one."""
-        return self.head_type == "rnn"
+        return self.kind == "rnn"
 
     def extra_repr(self) -> str:
-        gate = (
-            f", gate_input={self.gate_input}, gate_activation={self.gate_activation}"
-            if self.head_type == "gated"
-            else ""
-        )
-        return f"head_type={self.head_type}, rank={self.rank}{gate}"
+        gate = f", gate_input={self.gate_input}, gate_activation={self.gate_activation}" if self.kind == "gated" else ""
+        return f"kind={self.kind}, rank={self.rank}{gate}"
 
     # ------------------------------------------------------------------ features
     def gate(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
@@ -104,7 +99,7 @@ class MarkovHead(nn.Module):
         if self.is_path_dependent:
             raise ValueError("the rnn Markov head is path dependent: it has no per-pair transition features")
         prev_embedding = self.markov_w1(prev_token_ids)
-        if self.head_type == "vanilla":
+        if self.kind == "vanilla":
             return prev_embedding
         return prev_embedding * self.gate(hidden, prev_embedding)
 
@@ -142,101 +137,88 @@ class MarkovHead(nn.Module):
         return self.markov_w2(torch.tanh(out)), new_state
 
 
+@dataclass(frozen=True)
 class MarkovHeadConfig:
     """What a config file says about the Markov head; sizes come from the target when the drafter is built.
 
-    Config files pick a head by ``class_path`` (one of the subclasses below) so that each YAML in
-    ``configs/heads/`` names exactly the knobs of its head. Leave ``markov_head`` null for pure DFlash.
-
-    Args:
-        rank: low-rank dimension r of the bias (>= 1; rank 0 is read as "no head" by ``DrafterConfig``).
-        head_type: ``vanilla`` | ``gated`` | ``rnn``.
-        gate_input: gated head only: ``hidden+prev`` (DSpark checkpoint form) or ``hidden`` (DFlash-2 form).
-        gate_activation: gated head only: ``sigmoid`` or ``identity`` (with ``hidden``: the CandidateSelector).
+    In YAML: ``markov_head: {kind: gated, rank: 64}`` (``configs/heads/``); null for pure DFlash.
     """
 
-    def __init__(
-        self,
-        rank: int = 256,
-        head_type: str = "vanilla",
-        gate_input: str = "hidden+prev",
-        gate_activation: str = "sigmoid",
-    ) -> None:
-        self.rank = rank
-        self.head_type = head_type
-        self.gate_input = gate_input
-        self.gate_activation = gate_activation
+    kind: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    """``vanilla``: bias(a) = W2^T W1[a] (the DSpark default); ``gated``: bias(a, h) = W2^T (W1[a] * g(h, a));
+    ``rnn``: a recurrent state carried across the block (path dependent, so it has no Selector form)."""
+    rank: int = 256
+    """Low-rank dimension r of the bias (>= 1; rank 0 is read as "no head" by ``DrafterConfig``)."""
+    gate_input: Literal["hidden+prev", "hidden"] = "hidden+prev"
+    """Gated head only: the gate reads ``hidden+prev`` (the DSpark checkpoint form) or ``hidden`` (DFlash-2)."""
+    gate_activation: Literal["sigmoid", "identity"] = "sigmoid"
+    """Gated head only: ``sigmoid``, or ``identity`` (no activation, no gate bias; with ``hidden``: the Selector)."""
 
-    def as_dict(self) -> dict:
-        return dict(
-            rank=self.rank, head_type=self.head_type, gate_input=self.gate_input, gate_activation=self.gate_activation
-        )
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown Markov head kind {self.kind!r}; expected one of {KINDS}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"Markov head rank must be an integer >= 0 (0 = no head), got {self.rank!r}")
+        if self.gate_input not in GATE_INPUTS:
+            raise ValueError(f"unknown gate_input {self.gate_input!r}; expected one of {GATE_INPUTS}")
+        if self.gate_activation not in GATE_ACTIVATIONS:
+            raise ValueError(f"unknown gate_activation {self.gate_activation!r}; expected one of {GATE_ACTIVATIONS}")
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, MarkovHeadConfig) and self.as_dict() == other.as_dict()
+    @classmethod
+    def selector(cls, rank: int = 256) -> MarkovHeadConfig:
+        """The DFlash-2 CandidateSelector as a gated head: g = Wg h (no activation, no bias)."""
+        return cls("gated", rank, gate_input="hidden", gate_activation="identity")
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
+    @property
+    def is_selector_form(self) -> bool:
+        """True for the DFlash-2 CandidateSelector form (gated, ``hidden`` input, ``identity`` activation)."""
+        return (self.kind, self.gate_input, self.gate_activation) == ("gated", "hidden", "identity")
+
+    @property
+    def label(self) -> str:
+        """Short name in reports: ``vanilla``, ``gated``, ``selector`` or ``rnn``."""
+        return "selector" if self.is_selector_form else self.kind
+
+    @classmethod
+    def from_dict(cls, value: dict) -> MarkovHeadConfig:
+        """Read ``dataclasses.asdict`` output, and the forms older checkpoints and configs stored.
+
+        Old forms (kept so checkpoints already on disk load): ``{"class_path": "...VanillaMarkov" | "...GatedMarkov" |
+        "...SelectorMarkov" | "...RnnMarkov" | "...MarkovHeadConfig", "init_args": {...}}``, and the field
+        ``head_type`` for ``kind``.
+        """
+        if "class_path" in value:
+            class_name = value["class_path"].rpartition(".")[2]
+            forms = {
+                "VanillaMarkov": {"kind": "vanilla"},
+                "GatedMarkov": {"kind": "gated"},
+                "SelectorMarkov": {"kind": "gated", "gate_input": "hidden", "gate_activation": "identity"},
+                "RnnMarkov": {"kind": "rnn"},
+                "MarkovHeadConfig": {},
+            }
+            if class_name not in forms:
+                raise ValueError(
+                    f"unknown Markov head class_path {value['class_path']!r}; expected one of {sorted(forms)}"
+                )
+            value = {**forms[class_name], **(value.get("init_args") or {})}
+        value = dict(value)
+        if "head_type" in value:
+            value["kind"] = value.pop("head_type")
+        return cls(**value)
+
+    @classmethod
+    def coerce(cls, value: MarkovHeadConfig | dict | None) -> MarkovHeadConfig | None:
+        """A config from a config, a dict (``from_dict``) or None (no head)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return cls.from_dict(value)
+        raise TypeError(f"cannot read a Markov head config from {value!r}")
 
     def build(self, verifier_vocab_size: int, draft_vocab_size: int, hidden_size: int) -> MarkovHead:
         return MarkovHead(
             verifier_vocab_size=verifier_vocab_size,
             draft_vocab_size=draft_vocab_size,
             hidden_size=hidden_size,
-            **self.as_dict(),
+            **dataclasses.asdict(self),
         )
-
-
-class VanillaMarkov(MarkovHeadConfig):
-    """bias(a) = W2^T W1[a] (the DSpark default)."""
-
-    def __init__(self, rank: int = 256) -> None:
-        super().__init__(rank=rank, head_type="vanilla")
-
-
-class GatedMarkov(MarkovHeadConfig):
-    """bias(a, h) = W2^T (W1[a] * g(h, a)); ``hidden+prev``/``sigmoid`` is the DSpark checkpoint form."""
-
-    def __init__(self, rank: int = 256, gate_input: str = "hidden+prev", gate_activation: str = "sigmoid") -> None:
-        super().__init__(rank=rank, head_type="gated", gate_input=gate_input, gate_activation=gate_activation)
-
-
-class SelectorMarkov(MarkovHeadConfig):
-    """The DFlash-2 CandidateSelector as a gated head: g = Wg h (no activation, no bias)."""
-
-    def __init__(self, rank: int = 256) -> None:
-        super().__init__(rank=rank, head_type="gated", gate_input="hidden", gate_activation="identity")
-
-
-class RnnMarkov(MarkovHeadConfig):
-    """A recurrent state carried across the block; path dependent, so it has no Selector form."""
-
-    def __init__(self, rank: int = 256) -> None:
-        super().__init__(rank=rank, head_type="rnn")
-
-
-def markov_config_from(value) -> MarkovHeadConfig | None:
-    """Accept a ``MarkovHeadConfig``, a ``{"class_path", "init_args"}`` dict (as LightningCLI writes it into
-    checkpoints) or a plain dict of ``MarkovHeadConfig`` fields; ``None`` stays ``None``."""
-    if value is None or isinstance(value, MarkovHeadConfig):
-        return value
-    if isinstance(value, dict) and "class_path" in value:
-        module_name, _, class_name = value["class_path"].rpartition(".")
-        classes = {
-            cls.__name__: cls for cls in (MarkovHeadConfig, VanillaMarkov, GatedMarkov, SelectorMarkov, RnnMarkov)
-        }
-        if class_name not in classes:
-            raise ValueError(
-                f"unknown Markov head class_path {value['class_path']!r}; expected one of {sorted(classes)}"
-            )
-        return classes[class_name](**value.get("init_args", {}))
-    if isinstance(value, dict):
-        return MarkovHeadConfig(**value)
-    raise TypeError(f"cannot read a Markov head config from {value!r}")
-
-
-def markov_config_to_dict(config: MarkovHeadConfig | None) -> dict | None:
-    """The checkpoint-safe (plain dict) form of a head config, inverse of ``markov_config_from``."""
-    if config is None:
-        return None
-    return {"class_path": "dspark_lightning.models.MarkovHeadConfig", "init_args": config.as_dict()}

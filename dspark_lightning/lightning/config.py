@@ -1,0 +1,145 @@
+"""The configuration groups of ``DSparkModule``: the target, the loss and the training schedule (the drafter's own
+group is ``models.DrafterConfig``). Each field is documented once, here, and LightningCLI shows it as
+``--model.<group>.<field>`` (YAML ``model: {loss: {gamma: 4.0}}``).
+
+Checkpoints store the groups as plain dicts (``as_hparams``); ``migrate_hparams`` is the one place that reads the
+flat hyper-parameters written before the groups existed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dspark_lightning.losses import DEFAULT_LK_ETA, DEFAULT_NLA_ALPHA_MIN
+from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
+
+
+@dataclass(frozen=True)
+class TargetArgs:
+    """The frozen target model the drafter is trained against."""
+
+    path: str = "assets/demo-target"
+    """A Hugging Face hub id or a local directory."""
+    dtype: str = "auto"
+    """``auto`` (the checkpoint's dtype), ``float32``, ``bfloat16`` or ``float16``."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code from the target's repository (off by default)."""
+    features: Literal["online", "cache"] = "online"
+    """``online``: run the target every step; ``cache``: features come with the batch from an offline cache
+    (``data.train_cache``), and only the target's embedding and LM head are loaded."""
+
+
+@dataclass(frozen=True)
+class LossArgs:
+    """The training loss: the compound distillation loss, the confidence BCE and the Selector candidate loss."""
+
+    weights: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
+    """Compound loss weights over ``kl``, ``tv``, ``ce``, ``rkl``, ``js``, ``nla``, ``lk_hybrid`` (docs/losses.md)."""
+    position_weighting: str = "exp"
+    """Per-slot weights: ``exp`` (decay ``gamma``), ``uniform`` or ``dpace`` (from the detached acceptance)."""
+    gamma: float = 4.0
+    """Decay of the ``exp`` position weights."""
+    lk_eta: float = DEFAULT_LK_ETA
+    """Eta of the ``lk_hybrid`` weight lambda = exp(-eta * sg[alpha]) (>= 0; 0 = pure KL)."""
+    nla_alpha_min: float = DEFAULT_NLA_ALPHA_MIN
+    """Clamp eps of ``nla`` = -log max(alpha, eps), in (0, 1)."""
+    chunk_size: int | None = None
+    """Rows per loss chunk (None = automatic)."""
+    confidence_alpha: float = 1.0
+    """Weight of the confidence BCE term."""
+    candidate_weight: float = 0.0
+    """Weight of the Selector candidate loss (DFlash-2 training); 0 = off."""
+    candidate_k: int = 16
+    """Candidates per slot for the candidate loss and its recall metric."""
+    candidate_rule: str = "replace_kth"
+    """``replace_kth`` or ``exclude``: what the candidate loss does when the true token is outside the top-k."""
+
+
+@dataclass(frozen=True)
+class TrainingArgs:
+    """How training anchors are drawn and how the run is scheduled."""
+
+    anchor_budget: str = "uniform"
+    """``uniform`` over the row's valid positions, or ``per_document`` (each packed document gets a share
+    proportional to its supervised tokens, at least one)."""
+    seed: int = 0
+    """Seed of the training anchor sampler (combined with the global step and the rank)."""
+    val_anchor_stride: int | None = None
+    """Evaluation anchors sit at in-document positions that are multiples of this (None = block_size:
+    non-overlapping blocks tiling every supervised stretch)."""
+    lr_warmup_steps: int = 50
+    """Warm-up steps of the default warm-up + cosine schedule."""
+    compile: bool = False
+    """``torch.compile`` the draft backbone."""
+
+
+GROUPS = {"target": TargetArgs, "drafter": DrafterConfig, "loss": LossArgs, "training": TrainingArgs}
+
+
+def as_group(cls: type, value: Any):
+    """``value`` as a ``cls`` instance: given as one, or as a dict (a checkpoint's plain form, a parsed group)."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict) or hasattr(value, "as_dict"):
+        return cls(**(value if isinstance(value, dict) else value.as_dict()))
+    raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {value!r}")
+
+
+def as_hparams(group) -> dict:
+    """The checkpoint form of a group: plain data only, so checkpoints load with ``torch.load(weights_only=True)``."""
+    return dataclasses.asdict(group)
+
+
+# Flat hyper-parameters of checkpoints written before the groups: old name -> (group, field).
+_FLAT_NAMES = {
+    "target": ("target", "path"),
+    "target_dtype": ("target", "dtype"),
+    "trust_remote_code": ("target", "trust_remote_code"),
+    "target_features": ("target", "features"),
+    "loss": ("loss", "weights"),
+    "loss_chunk_size": ("loss", "chunk_size"),
+    "candidate_loss_weight": ("loss", "candidate_weight"),
+    **{name: ("loss", name) for name in ("position_weighting", "gamma", "lk_eta", "nla_alpha_min")},
+    **{name: ("loss", name) for name in ("confidence_alpha", "candidate_k", "candidate_rule")},
+    **{name: ("training", name) for name in ("anchor_budget", "seed", "val_anchor_stride", "lr_warmup_steps")},
+    "compile": ("training", "compile"),
+    "draft_vocab": ("drafter", "draft_vocab"),
+}
+
+
+def migrate_hparams(hparams: dict) -> dict:
+    """A checkpoint's hyper-parameters (or a run's saved ``model:`` config) as ``DSparkModule`` arguments, grouped;
+    LightningCLI bookkeeping dropped.
+
+    Checkpoints written before the config groups hold flat names (``block_size``, ``target_dtype``, ``loss``, ...,
+    and the Markov head as ``{"class_path", "init_args"}``): they are moved into their groups here, the one place
+    that knows the old layout. Grouped checkpoints pass through unchanged.
+    """
+    hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
+    loss_fields = {f.name for f in dataclasses.fields(LossArgs)}
+    grouped = (
+        set(hparams) <= {*GROUPS, "optimizer", "scheduler"}
+        and not isinstance(hparams.get("target"), str)  # the old target path
+        and set(hparams.get("loss") or {}) <= loss_fields  # not the old loss weights {"ce": 0.1, ...}
+    )
+    if grouped:
+        return hparams
+    groups: dict[str, dict] = {name: {} for name in GROUPS}
+    drafter_fields = {f.name for f in dataclasses.fields(DrafterConfig)}
+    for name, value in hparams.items():
+        if name in ("optimizer", "scheduler"):  # a config.yaml's model section: the callables stay as they are
+            groups[name] = value
+        elif name in _FLAT_NAMES:
+            group, key = _FLAT_NAMES[name]
+            groups[group][key] = value
+        elif name in drafter_fields:
+            groups["drafter"][name] = value
+        else:
+            raise ValueError(f"checkpoint hyper-parameter {name!r} has no place in the config groups")
+    if groups["loss"].get("weights", ...) is None:
+        groups["loss"]["weights"] = {"ce": 0.1, "tv": 0.9}  # the old default spelled "no loss given" as null
+    head = groups["drafter"].get("markov_head")
+    groups["drafter"]["markov_head"] = None if head is None else dataclasses.asdict(MarkovHeadConfig.coerce(head))
+    return groups
