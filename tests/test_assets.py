@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dspark_lightning.data.sharegpt import iter_file_records, validate_record
+from dspark_lightning.data.records import iter_file_records
+from dspark_lightning.data.sharegpt import validate_record
 from dspark_lightning.data.tokenize import has_generation_markers
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

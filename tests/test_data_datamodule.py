@@ -14,7 +14,8 @@ import torch
 from datasets import IterableDataset
 
 from dspark_lightning.data.datamodule import ShareGPTDataModule
-from dspark_lightning.data.sharegpt import BadRecordError, NotJSONError
+from dspark_lightning.data.files import NotJSONError
+from dspark_lightning.data.sharegpt import BadRecordError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEMO_TARGET = str(ASSETS / "demo-target")

@@ -7,15 +7,13 @@ import json
 
 import pytest
 
+from dspark_lightning.data.files import NotJSONError
+from dspark_lightning.data.records import iter_file_records, iter_local_records, limit_shards
 from dspark_lightning.data.sharegpt import (
     BadRecordCounter,
     BadRecordError,
     InvalidRecord,
-    NotJSONError,
     iter_conversations,
-    iter_file_records,
-    iter_local_records,
-    limit_shards,
     resolve_source,
     validate_record,
 )

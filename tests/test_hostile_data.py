@@ -11,9 +11,10 @@ import pytest
 from hostile_helpers import TARGET, TRAIN, datamodule, fit_args, good_lines
 
 from dspark_lightning.cli import cli_main
-from dspark_lightning.data.datamodule import NoTrainableDataError
-from dspark_lightning.data.files import RecordTooLargeError
-from dspark_lightning.data.sharegpt import BadRecordError, NotJSONError, iter_file_records, to_conversation
+from dspark_lightning.data.accounting import NoTrainableDataError
+from dspark_lightning.data.files import NotJSONError, RecordTooLargeError
+from dspark_lightning.data.records import iter_file_records
+from dspark_lightning.data.sharegpt import BadRecordError, to_conversation
 
 # fixtures shared by both hostile-input modules (see hostile_helpers for why not a conftest.py)
 deadline = hostile_helpers.deadline

@@ -70,6 +70,9 @@ def analysis_runs(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_executes(path, tmp_path, monkeypatch, request):
     monkeypatch.setenv("DSPARK_TUTORIAL_DIR", str(tmp_path))
+    # a few training steps per fit: this test checks that every cell runs (and the tutorials' own asserts hold, which
+    # compare decoders with each other, not against a quality bar), not how well a 200-step drafter learns
+    monkeypatch.setenv("DSPARK_TUTORIAL_STEPS", "20")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     if path.parent.name == "notebooks":
         monkeypatch.setenv("DSPARK_RUN_DIR", str(request.getfixturevalue("analysis_runs")))

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_lightning.data.records import iter_file_records
 from dspark_lightning.data.sharegpt import (
     BadRecordCounter,
     IdSplit,
     iter_conversations,
-    iter_file_records,
     resolve_source,
     to_conversation,
 )

@@ -55,6 +55,8 @@ quiet_logs()  # Lightning's info lines and a few known, harmless warnings off
 # %matplotlib inline
 os.environ["WANDB_MODE"] = "offline"  # W&B writes a local run; no account, no network
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
+# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "300"))
 print("repository:", REPO)
 print("this tutorial writes into:", WORK)
 
@@ -99,8 +101,8 @@ args = [
     f"--data.val_files={REPO}/assets/data/sharegpt/validation-*.jsonl",
     "--data.seq_len=128",
     "--model.max_anchors=16",
-    "--trainer.max_steps=300",
-    "--trainer.val_check_interval=150",
+    f"--trainer.max_steps={STEPS}",
+    f"--trainer.val_check_interval={STEPS // 2}",
     "--trainer.limit_val_batches=8",
     "--data.limit_val_samples=64",
     f"--trainer.logger={json.dumps(loggers)}",
