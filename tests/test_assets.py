@@ -5,17 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import ASSETS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark_lightning.data.records import iter_file_records
 from dspark_lightning.data.sharegpt import validate_record
 from dspark_lightning.data.tokenize import has_generation_markers
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 TARGET = ASSETS / "demo-target"
 SHAREGPT = ASSETS / "data" / "sharegpt"
 REGENERATED = ASSETS / "data" / "regenerated"

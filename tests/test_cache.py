@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import ROOT
 from torch.utils.data import DataLoader
 
 from dspark_lightning.cli import cli_main
@@ -15,7 +16,6 @@ from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.models.target import FrozenTarget, TargetHeads
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_TARGET = str(ROOT / "assets/demo-target")
 TRAIN = str(ROOT / "assets/data/regenerated/train-00000.jsonl")
 VAL = str(ROOT / "assets/data/sharegpt/validation-00000.jsonl")
@@ -118,7 +118,7 @@ def test_cache_writer_estimates_size_and_resumes(tmp_path, capsys):
 
 
 def test_target_heads_load_only_embedding_and_lm_head(tmp_path):
-    from conftest import make_tiny_qwen3
+    from helpers.targets import make_tiny_qwen3
 
     model = make_tiny_qwen3()  # untied LM head, saved in several safetensors shards
     model.save_pretrained(tmp_path, max_shard_size="20KB")

@@ -13,11 +13,11 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from helpers.paths import ROOT
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dspark_lightning.cli import TOOL_COMMANDS, cli_main, command_parser
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
 TRAIN = str(ROOT / "assets/data/sharegpt/train-00000.jsonl")
 VAL = str(ROOT / "assets/data/sharegpt/validation-00000.jsonl")

@@ -12,12 +12,12 @@ import lightning as L
 import pytest
 import torch
 from datasets import IterableDataset
+from helpers.paths import ASSETS
 
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.data.files import NotJSONError
 from dspark_lightning.data.sharegpt import BadRecordError
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEMO_TARGET = str(ASSETS / "demo-target")
 MARKER = re.compile(r"record-(\d+)")
 

@@ -7,12 +7,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.paths import DEMO_TARGET
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.regenerate import GreedyRegenerator, ResumableShardWriter, regenerate
 
-DEMO_TARGET = Path(__file__).resolve().parent.parent / "assets" / "demo-target"
 CONVERSATIONS = [
     {"id": "one", "conversations": [{"from": "human", "value": "What does `json.dumps` do?"}, {"from": "gpt", "value": "x"}]},
     {"conversations": [{"from": "system", "value": "You are a concise coding assistant."},

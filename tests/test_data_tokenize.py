@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from helpers.paths import DEMO_TARGET
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -17,8 +16,6 @@ from dspark_lightning.data.tokenize import (
     build_packed_row,
     has_generation_markers,
 )
-
-DEMO_TARGET = Path(__file__).resolve().parent.parent / "assets" / "demo-target"
 
 TEMPLATE_WITH_MARKERS = (
     "{%- for m in messages %}{%- if m['role'] == 'assistant' %}"

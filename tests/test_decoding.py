@@ -13,42 +13,10 @@ import itertools
 
 import pytest
 import torch
-from conftest import make_tiny_qwen3
+from helpers.targets import bigram_setup, greedy_reference
 from scipy.stats import chisquare
 
 from dspark_lightning.decoding import _verify, scheduled_length, speculative_generate
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
-
-
-def bigram_setup(
-    vocab: int = 12, block_size: int = 4, noise: float = 0.0, temperature_scale: float = 3.0, seed=0, num_layers=4
-):
-    """A target whose next-token law depends on the current token only (its layers add nothing to the residual
-    stream), so its exact law is a bigram table; and a drafter whose Markov head holds that table plus ``noise``."""
-    model = make_tiny_qwen3(vocab_size=vocab, seed=seed, num_layers=num_layers)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.lm_head.weight.mul_(temperature_scale)
-        bigram = torch.stack([model(torch.tensor([[a]])).logits[0, 0] for a in range(vocab)])  # L[a, v]
-    target = FrozenTarget(model, target_layer_ids=[1])
-    cfg = DrafterConfig(
-        block_size=block_size, mask_token_id=vocab - 1, markov_head=VanillaMarkov(rank=vocab), confidence_head=True
-    )
-    drafter = DSparkDrafter.for_target(cfg, target).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        drafter.backbone.norm.weight.zero_()
-        drafter.markov_head.markov_w1.weight.copy_(torch.eye(vocab))
-        drafter.markov_head.markov_w2.weight.copy_(bigram.T + noise * torch.randn(bigram.T.shape, generator=g))
-    return model, target, drafter, bigram
-
-
-def greedy_reference(model, prompt, max_new_tokens, eos):
-    return model.generate(
-        prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0, min_new_tokens=0
-    )
 
 
 @pytest.mark.parametrize("mode", ["parallel", "markov", "selector"])

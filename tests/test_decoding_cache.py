@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny_qwen3
-from test_decoding import bigram_setup
+from helpers.drafters import decode_cached_and_uncached, random_gated_drafter
+from helpers.targets import bigram_setup
 
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, GatedMarkov
 
 
 def context_dependent_bigram(noise: float = 0.7):
@@ -22,30 +21,6 @@ def context_dependent_bigram(noise: float = 0.7):
     with torch.no_grad():
         drafter.backbone.norm.weight.fill_(0.05)
     return model, target, drafter
-
-
-def random_gated_drafter(num_layers: int = 2, seed: int = 0):
-    model = make_tiny_qwen3(vocab_size=48, seed=seed)
-    target = FrozenTarget(model, target_layer_ids=[1, 2])
-    cfg = DrafterConfig(block_size=5, num_layers=num_layers, mask_token_id=47, markov_head=GatedMarkov(rank=8))
-    drafter = DSparkDrafter.for_target(cfg, target).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        drafter.markov_head.markov_w2.weight.copy_(torch.randn(drafter.markov_head.markov_w2.weight.shape, generator=g))
-    return model, target, drafter
-
-
-def decode_cached_and_uncached(target, drafter, prompt, mode: str, temperature: float) -> list[torch.Tensor]:
-    """30 tokens decoded with and without the drafter context cache, from the same sampling seed."""
-    outputs = []
-    for drafter_cache in (True, False):
-        generator = torch.Generator().manual_seed(3)
-        out, _ = speculative_generate(
-            target, drafter, prompt, 30, mode=mode, k=6, temperature=temperature, generator=generator,
-            eos_token_id=[], drafter_cache=drafter_cache,
-        )  # fmt: skip
-        outputs.append(out)
-    return outputs
 
 
 def test_cached_draft_equals_reprojected_draft_after_extends_and_crops():

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_qwen3
+from helpers.export import make_target_dir, train_and_checkpoint
+from helpers.paths import DEMO_TARGET
+from helpers.targets import make_tiny_qwen3
 from safetensors import safe_open
-from test_export import make_target_dir, train_and_checkpoint
 from transformers import AutoTokenizer
 
 from dspark_lightning.cli import cli_main
@@ -22,7 +23,7 @@ from dspark_lightning.export import export_checkpoint, load_exported
 from dspark_lightning.lightning.module import load_draft_vocab
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, VanillaMarkov
 
-DEMO = str(Path(__file__).resolve().parent.parent / "assets" / "demo-target")
+DEMO = str(DEMO_TARGET)
 
 
 def test_selection_is_top_frequency_with_ties_to_lower_ids_and_forced_specials():

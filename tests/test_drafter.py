@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny_qwen3
+from helpers.drafters import MASK_ID, build, packed_batch, run
+from helpers.targets import make_tiny_qwen3
 
 from dspark_lightning.models import (
     DrafterConfig,
@@ -17,55 +18,6 @@ from dspark_lightning.models import (
     default_target_layer_ids,
 )
 from dspark_lightning.models.backbone import Anchors, sample_anchors, valid_anchor_mask
-
-MASK_ID = 63
-
-
-def packed_batch(seed: int = 0, lengths=(25, 15), batch: int = 2, vocab: int = 60, pad: int = 0):
-    """Rows of several documents packed back to back (+ ``pad`` padding positions)."""
-    g = torch.Generator().manual_seed(seed)
-    S = sum(lengths) + pad
-    ids = torch.randint(0, vocab, (batch, S), generator=g)
-    pos = torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(pad, dtype=torch.long)])
-    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)] + [torch.full((pad,), -1)])
-    loss_mask = (torch.rand(batch, S, generator=g) > 0.2) & (doc >= 0)
-    return ids, loss_mask, doc.repeat(batch, 1), pos.repeat(batch, 1)
-
-
-def build(markov=None, block_size=4, num_layers=2, sample_from_anchor=True, backend="sdpa", vocab=None, seed=0, **kw):
-    torch.manual_seed(seed)
-    target = FrozenTarget(make_tiny_qwen3(seed=seed), num_draft_layers=num_layers)
-    cfg = DrafterConfig(
-        block_size=block_size,
-        num_layers=num_layers,
-        max_anchors=6,
-        mask_token_id=MASK_ID,
-        markov_head=markov,
-        confidence_with_markov=markov is not None,
-        sample_from_anchor=sample_from_anchor,
-        attention_backend=backend,
-        **kw,
-    )
-    torch.manual_seed(seed + 1)
-    drafter = DSparkDrafter.for_target(cfg, target, vocab)
-    for p in drafter.parameters():  # non-trivial weights everywhere (heads start at zero)
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=0.3)
-    return target, drafter
-
-
-def run(target, drafter, ids, loss_mask, doc, pos, anchors=None, seed=0, features=None):
-    features = features or target.features(ids, pos)
-    return drafter(
-        ids,
-        loss_mask,
-        doc,
-        pos,
-        features.context_features,
-        features.final_hidden,
-        anchors=anchors,
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 # ---------------------------------------------------------------- independent float64 reference

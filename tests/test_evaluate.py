@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import ROOT
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.evaluate import load_trained
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

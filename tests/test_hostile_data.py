@@ -6,9 +6,9 @@ import json
 import logging
 import tracemalloc
 
-import hostile_helpers
 import pytest
-from hostile_helpers import TARGET, TRAIN, datamodule, fit_args, good_lines
+from helpers import hostile
+from helpers.hostile import TARGET, TRAIN, datamodule, fit_args, good_lines
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.accounting import NoTrainableDataError
@@ -16,8 +16,8 @@ from dspark_lightning.data.files import NotJSONError, RecordTooLargeError
 from dspark_lightning.data.records import iter_file_records
 from dspark_lightning.data.sharegpt import BadRecordError, to_conversation
 
-# fixtures shared by both hostile-input modules (see hostile_helpers for why not a conftest.py)
-deadline = hostile_helpers.deadline
+# fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
+deadline = hostile.deadline
 
 
 # ------------------------------------------------------------------------------------------- 1. streams without rows

@@ -12,18 +12,18 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-import hostile_helpers
 import pytest
 import torch
-from hostile_helpers import DEADLINE_S, ROOT, fit_args
+from helpers import hostile
+from helpers.hostile import DEADLINE_S, ROOT, fit_args
 
 from dspark_lightning.checks import NonFiniteError, dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.lightning.run_dirs import claim_version_dir
 
-# fixtures shared by both hostile-input modules (see hostile_helpers for why not a conftest.py)
-deadline = hostile_helpers.deadline
-checkpoint, diverged_checkpoint = hostile_helpers.checkpoint, hostile_helpers.diverged_checkpoint
+# fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
+deadline = hostile.deadline
+checkpoint, diverged_checkpoint = hostile.checkpoint, hostile.diverged_checkpoint
 
 
 # ------------------------------------------------------------------------------------------- 2. silent divergence

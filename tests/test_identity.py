@@ -4,10 +4,10 @@ previous tokens, drafts the decoding loop's blocks token for token and reaches i
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import ROOT
 
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
 from dspark_lightning.decoding.identity import check_identity, greedy_continuation, record_decode, teacher_forced_blocks
@@ -22,7 +22,6 @@ from dspark_lightning.models import (
 )
 from dspark_lightning.models.vocab import DraftVocab
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADS = {
     "none": None,
     "vanilla": VanillaMarkov(rank=8),

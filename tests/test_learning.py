@@ -8,7 +8,7 @@ held-out batch before and after 120 AdamW steps.
 from __future__ import annotations
 
 import torch
-from conftest import make_tiny_qwen3
+from helpers.targets import make_tiny_qwen3
 
 from dspark_lightning.losses import compound_loss, confidence_loss, position_weights
 from dspark_lightning.metrics import AcceptanceMetrics

@@ -15,12 +15,12 @@ from pathlib import Path
 import jupytext
 import nbformat
 import pytest
+from helpers.paths import ROOT
 from nbclient import NotebookClient
 
 from dspark_lightning.analysis import demo_fit_args
 from dspark_lightning.cli import cli_main
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = (ROOT / "tutorials", ROOT / "notebooks")
 NOTEBOOKS = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.ipynb"))
 SOURCES = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.py"))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.paths import ROOT
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.models.backbone import (
@@ -24,7 +25,6 @@ from dspark_lightning.models.backbone import (
     valid_anchor_mask,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_TARGET = ROOT / "assets/demo-target"
 VAL = ROOT / "assets/data/sharegpt/validation-00000.jsonl"
 
@@ -191,7 +191,7 @@ def test_ddp_validation_on_two_cpu_processes_equals_one_process(tmp_path):
 def test_fsdp_shards_the_frozen_target_on_two_cpu_processes(tmp_path):
     """Lightning's FSDPStrategy refuses CPU, so this drives torch FSDP (gloo) the way the strategy does: the
     wrapping context around ``configure_model``, the root unit, the step inside the root's forward."""
-    script = Path(__file__).with_name("fsdp_cpu_worker.py")
+    script = ROOT / "tests" / "helpers" / "fsdp_cpu_worker.py"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "out.json")], capture_output=True, text=True, env=env, timeout=300

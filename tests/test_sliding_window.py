@@ -7,9 +7,8 @@ import json
 
 import pytest
 import torch
-from test_decoding_cache import decode_cached_and_uncached, random_gated_drafter
-from test_drafter import build, packed_batch, run
-from test_export import make_drafter, outputs
+from helpers.drafters import build, decode_cached_and_uncached, packed_batch, random_gated_drafter, run
+from helpers.export import make_drafter, outputs
 
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.export import export_drafter, load_exported
@@ -107,7 +106,7 @@ def test_cached_decoding_equals_uncached_with_mixed_layers(mode):
 
 
 def test_export_round_trip_keeps_the_window(tmp_path):
-    from test_export import save_verifier
+    from helpers.export import save_verifier
 
     from dspark_lightning.models import FrozenTarget
 

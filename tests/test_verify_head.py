@@ -7,7 +7,7 @@ import copy
 import functools
 
 import torch
-from test_decoding import bigram_setup, greedy_reference
+from helpers.targets import bigram_setup, greedy_reference
 
 from dspark_lightning.decoding import speculative_generate
 

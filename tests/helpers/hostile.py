@@ -2,8 +2,8 @@
 checkpoint, a few-step fit command line and a small data module on the demo target.
 
 Every case ends in a clear error or documented behaviour, never a hang. The deadline only turns a hang into a
-failure instead of blocking CI; it is generous because nothing here measures time. (Fixtures live here, not in a
-second ``conftest.py``, because other test modules import ``conftest`` by name.)
+failure instead of blocking CI; it is generous because nothing here measures time. (The fixtures live here and are
+bound in both test modules: a ``conftest.py`` would impose the deadline on every test.)
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET = str(ROOT / "assets/demo-target")
 TRAIN = ROOT / "assets/data/sharegpt/train-00000.jsonl"
 VAL = str(ROOT / "assets/data/sharegpt/validation-00000.jsonl")
