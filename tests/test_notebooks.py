@@ -76,7 +76,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch, request):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     if path.parent.name == "notebooks":
         monkeypatch.setenv("DSPARK_RUN_DIR", str(request.getfixturevalue("analysis_runs")))
-    if "smollm2" in path.stem:  # the GGUF import is shared with tests/test_smollm2_recipe.py
+    if "smollm2" in path.stem:  # the GGUF import is shared with tests/commands/test_smollm2_recipe.py
         monkeypatch.setenv("DSPARK_SMOLLM2_DIR", str(request.getfixturevalue("smollm2_target")[0]))
     before = repository_snapshot()
     notebook = nbformat.read(path, as_version=4)

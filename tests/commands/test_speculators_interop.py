@@ -6,7 +6,7 @@ it (it is never a dependency of this project; it pins other transformers version
     python3 -m venv /tmp/specvenv
     /tmp/specvenv/bin/pip install -c constraints-cpu.txt speculators
     /tmp/specvenv/bin/pip uninstall -y torchvision torchaudio     # their CPU wheels break transformers' imports
-    DSPARK_SPECULATORS_PYTHON=/tmp/specvenv/bin/python pytest tests/test_speculators_interop.py
+    DSPARK_SPECULATORS_PYTHON=/tmp/specvenv/bin/python pytest tests/commands/test_speculators_interop.py
 
 Each export is loaded with ``DSparkDraftModel.from_pretrained`` (embedding and LM head re-loaded from the recorded
 verifier) and run on one block after a prefix: base logits, Markov bias for given previous tokens, confidence

@@ -47,15 +47,6 @@ FORM_IDS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # The walk is many tiny ops; on a shared 2-core machine OpenMP barriers dominate them. One thread keeps it fast.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_head(form, vocab=11, draft_vocab=None, rank=4, hidden_size=6, seed=0, w2_std=0.7):
     head_type, gate_input, gate_activation = form
     torch.manual_seed(seed)

@@ -11,14 +11,6 @@ from dspark_lightning.selector import equivalence_report, selector_decode, seque
 DTYPE = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_case(seed=0, vocab=12, block=6, n_rows=10, hidden_size=6, head_type="gated"):
     torch.manual_seed(seed)
     head = MarkovHead(

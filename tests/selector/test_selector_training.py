@@ -21,14 +21,6 @@ DTYPE = torch.float64
 DFLASH2_FORM = {"head_type": "gated", "gate_input": "hidden", "gate_activation": "identity"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_head(vocab=11, draft_vocab=None, rank=4, hidden_size=6, seed=0, **form):
     torch.manual_seed(seed)
     head = MarkovHead(
