@@ -1,9 +1,8 @@
 """``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations for Lightning.
 
 Design choices:
-- Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows). Training
-  shuffles shard order and records (buffer of ``shuffle_buffer`` records, ``seed``), re-shuffled every epoch via
-  ``set_epoch``; validation is read in file order (packing may move a document by a few rows).
+- Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows); training
+  shuffles shards and records (``shuffle_buffer``, ``seed``, re-shuffled per epoch), validation reads in file order.
 - Sharding: ``split_dataset_by_node(rank, world_size)`` per DDP rank (whole shards when the shard count divides the
   world size, otherwise every ``world_size``-th record), then ``datasets`` gives each DataLoader worker its own shards
   (at most ``num_shards`` workers do work). Tokenisation and packing run after the split, inside each worker, so no
