@@ -64,7 +64,7 @@ def main() -> None:
         mask_token_id=cfg["mask_token_id"],
         sample_from_anchor=True,
         markov_rank=cfg["markov_rank"],
-        markov_head_type=cfg["head_type"],
+        markov_head_type=cfg["markov_kind"],
         enable_confidence_head=True,
         confidence_head_with_markov=True,
         draft_attn_impl=cfg["reference_attention"],

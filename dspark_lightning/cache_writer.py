@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
+from dspark_lightning.data.accounting import NoTrainableDataError
 from dspark_lightning.data.cache import (
     CACHE_FORMAT,
     FEATURE_FIELDS,
@@ -26,7 +27,7 @@ from dspark_lightning.data.cache import (
     bytes_per_sample,
     format_bytes,
 )
-from dspark_lightning.data.datamodule import NoTrainableDataError, ShareGPTDataModule
+from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, load_causal_lm

@@ -27,6 +27,7 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_numb
 
 from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.data.prompts import prompt_messages
 from dspark_lightning.decoding import (
     DecodeStats,
     best_verify_length,
@@ -289,8 +290,8 @@ def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap
     if gap_table:
         references = []
         for conversation in data.eval_conversations()[: len(prompts)]:
-            first = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
-            encoded = data.encoder.encode(conversation.messages[: first + 1])
+            first_reply = len(prompt_messages(conversation))  # the prompt, then the first assistant turn
+            encoded = data.encoder.encode(conversation.messages[: first_reply + 1])
             references.append((encoded.input_ids, encoded.loss_mask))
         # every reply position is an anchor (stride 1): the per-position mean with the least noise
         table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))

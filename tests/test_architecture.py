@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 SECTION = r"\d+(?:\.\d+)*"

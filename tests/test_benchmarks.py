@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 

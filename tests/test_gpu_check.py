@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT
 
 
 @pytest.fixture(scope="module")

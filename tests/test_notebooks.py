@@ -15,12 +15,12 @@ from pathlib import Path
 import jupytext
 import nbformat
 import pytest
+from helpers.paths import ROOT
 from nbclient import NotebookClient
 
 from dspark_lightning.analysis import demo_fit_args
 from dspark_lightning.cli import cli_main
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = (ROOT / "tutorials", ROOT / "notebooks")
 NOTEBOOKS = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.ipynb"))
 SOURCES = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.py"))
@@ -70,10 +70,13 @@ def analysis_runs(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_executes(path, tmp_path, monkeypatch, request):
     monkeypatch.setenv("DSPARK_TUTORIAL_DIR", str(tmp_path))
+    # a few training steps per fit: this test checks that every cell runs (and the tutorials' own asserts hold, which
+    # compare decoders with each other, not against a quality bar), not how well a 200-step drafter learns
+    monkeypatch.setenv("DSPARK_TUTORIAL_STEPS", "20")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     if path.parent.name == "notebooks":
         monkeypatch.setenv("DSPARK_RUN_DIR", str(request.getfixturevalue("analysis_runs")))
-    if "smollm2" in path.stem:  # the GGUF import is shared with tests/test_smollm2_recipe.py
+    if "smollm2" in path.stem:  # the GGUF import is shared with tests/commands/test_smollm2_recipe.py
         monkeypatch.setenv("DSPARK_SMOLLM2_DIR", str(request.getfixturevalue("smollm2_target")[0]))
     before = repository_snapshot()
     notebook = nbformat.read(path, as_version=4)

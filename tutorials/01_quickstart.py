@@ -55,6 +55,8 @@ quiet_logs()  # Lightning's info lines and a few known, harmless warnings off
 # %matplotlib inline
 os.environ["WANDB_MODE"] = "offline"  # W&B writes a local run; no account, no network
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
+# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "300"))
 print("repository:", REPO)
 print("this tutorial writes into:", WORK)
 
@@ -94,13 +96,13 @@ loggers = [
 args = [
     "fit",
     "--config", str(REPO / "configs/quickstart.yaml"),
-    f"--model.target.path={REPO}/assets/demo-target",  # the YAML's relative paths assume the repository as cwd
+    f"--model.target={REPO}/assets/demo-target",  # the YAML's relative paths assume the repository as cwd
     f"--data.train_files={REPO}/assets/data/regenerated/train-*.jsonl",
     f"--data.val_files={REPO}/assets/data/sharegpt/validation-*.jsonl",
     "--data.seq_len=128",
     "--model.drafter.max_anchors=16",
-    "--trainer.max_steps=300",
-    "--trainer.val_check_interval=150",
+    f"--trainer.max_steps={STEPS}",
+    f"--trainer.val_check_interval={STEPS // 2}",
     "--trainer.limit_val_batches=8",
     "--data.limit_val_samples=64",
     f"--trainer.logger={json.dumps(loggers)}",
@@ -124,7 +126,7 @@ pd.Series({k: metrics[k] for k in keys if k in metrics}, name="value").round(4).
 
 # %% [markdown]
 # Every run has its own directory: the resolved config (re-run it with `--config <run>/config.yaml`), `metrics.csv`,
-# the checkpoint (only the trainable drafter weights; the target is re-loaded from `model.target.path`) and `plots/`.
+# the checkpoint (only the trainable drafter weights; the target is re-loaded from `model.target`) and `plots/`.
 
 # %%
 run_dir = Path(cli.trainer.log_dir)

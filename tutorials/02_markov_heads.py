@@ -56,7 +56,8 @@ quiet_logs()  # Lightning info lines and known harmless warnings off
 # %matplotlib inline
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
 HEADS = ["none", "vanilla", "gated", "rnn"]
-STEPS = 200
+# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "200"))
 
 # %% [markdown]
 # `demo_fit_args` (from `dspark_lightning.analysis`, shared with `dspark-lightning report`) builds the same kind of

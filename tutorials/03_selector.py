@@ -56,6 +56,8 @@ torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off
 # %matplotlib inline
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
+# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "200"))
 
 # %% [markdown]
 # ## 1. The equivalences, on a random head
@@ -128,7 +130,7 @@ print(f"gate = 1: pair scores identical: {same_scores}, sequential tokens identi
 # metrics) and keeps what the Selector needs: base logits, hidden states, the anchors and the target's distribution.
 
 # %%
-cli = cli_main(["fit", *demo_fit_args(WORK, head="gated", steps=200)])
+cli = cli_main(["fit", *demo_fit_args(WORK, head="gated", steps=STEPS)])
 module = cli.model
 head = module.drafter.markov_head
 blocks = collect_blocks(module, cli.datamodule.val_dataloader(), max_blocks=256)
@@ -266,7 +268,7 @@ print("gate = 1 on the trained head == vanilla head from its W1, W2:", torch.equ
 # directly from those tensors, and import them back:
 
 # %%
-cli2 = cli_main(["fit", *demo_fit_args(WORK, head="selector", steps=200)])
+cli2 = cli_main(["fit", *demo_fit_args(WORK, head="selector", steps=STEPS)])
 print("candidate recall@16:", float(cli2.trainer.callback_metrics["train/candidate_recall@16"]))
 selector_head = cli2.model.drafter.markov_head
 state = to_candidate_selector(selector_head)

@@ -1,9 +1,8 @@
 """``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations for Lightning.
 
 Design choices:
-- Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows). Training
-  shuffles shard order and records (buffer of ``shuffle_buffer`` records, ``seed``), re-shuffled every epoch via
-  ``set_epoch``; validation is read in file order (packing may move a document by a few rows).
+- Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows); training
+  shuffles shards and records (``shuffle_buffer``, ``seed``, re-shuffled per epoch), validation reads in file order.
 - Sharding: ``split_dataset_by_node(rank, world_size)`` per DDP rank (whole shards when the shard count divides the
   world size, otherwise every ``world_size``-th record), then ``datasets`` gives each DataLoader worker its own shards
   (at most ``num_shards`` workers do work). Tokenisation and packing run after the split, inside each worker, so no
@@ -11,18 +10,14 @@ Design choices:
   with ``limit_train_batches`` / ``max_steps`` so every rank runs the same number of steps.
 - The epoch passed to ``set_epoch`` is the trainer's ``current_epoch`` when a trainer is attached, otherwise the number
   of times that training loader has been iterated.
-- Counting with workers (``accounting.py``): exact per-worker counts of bad records by reason, records, documents,
-  truncations, rows and tokens. ``bad_record_counts(split)`` / ``data_stats(split)`` report the last
-  (or current) pass of this rank; when the loader is exhausted the totals are logged with python ``logging``
-  (a warning the first time a split skipped anything, then info) and ``teardown`` logs a summary at the end of every
-  ``fit``/``validate``/``test``, also when no pass completed. A pass that yields no row at all is an error listing
-  the skip counts by reason (instead of an endless loop of empty epochs). Validation eval prompts are read separately
-  in the main process and not counted.
+- Counting with workers (``accounting.py``): exact per-worker counts; ``data_stats(split)`` /
+  ``bad_record_counts(split)`` report this rank's last (or current) pass, logged when the loader is exhausted (a
+  warning the first time a split skipped anything) and summarised by ``teardown``. A pass that yields no row at all is
+  an error listing the skip counts by reason. Eval prompts are read apart, in the main process, and not counted.
 - ``setup`` sniffs every local file of the splits it will read (``files.py``) so an unreadable file fails before the
   first step, not hours into training.
-- Offline target cache (``train_cache`` / ``val_cache``, see ``cache.py``): a split with a cache directory reads packed
-  samples *with* the target's features from it instead of streaming records (the cache fixes packing and seq_len);
-  the tokenizer is still used for the mask/pad token ids and the eval prompts.
+- Offline target cache (``train_cache`` / ``val_cache``, ``cache.py``): such a split reads packed samples *with* the
+  target's features instead of records; the tokenizer still gives the mask/pad ids and the eval prompts.
 """
 
 from __future__ import annotations
@@ -37,15 +32,15 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from transformers import AutoTokenizer
 
-from dspark_lightning.data.accounting import (  # noqa: F401 - SharedCounts, COUNTER_NAMES stay importable from here
+from dspark_lightning.data.accounting import (
     COUNTER_NAMES,
-    STAT_NAMES,
     CountingDataLoader,
     NoTrainableDataError,
     SharedCounts,
 )
 from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES, check_data_files
+from dspark_lightning.data.prompts import choose_eval_conversations, prompt_messages
 from dspark_lightning.data.sharegpt import (
     BAD_RECORD_REASONS,
     Conversation,
@@ -55,7 +50,7 @@ from dspark_lightning.data.sharegpt import (
     resolve_source,
 )
 from dspark_lightning.data.stream import PackedConversationStream, open_record_stream, raw_record_from_example
-from dspark_lightning.data.tokenize import ConversationEncoder, choose_mask_token
+from dspark_lightning.data.tokenize import ConversationEncoder, resolve_mask_token, resolve_pad_token_id
 
 logger = logging.getLogger(__name__)
 
@@ -150,9 +145,8 @@ class ShareGPTDataModule(L.LightningDataModule):
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
             name = str(self.tokenizer_name)
-            if (name.startswith((".", "/", "~")) or name.count("/") > 1) and not os.path.exists(
-                os.path.expanduser(name)
-            ):
+            looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1  # a hub id is owner/name
+            if looks_local and not os.path.exists(os.path.expanduser(name)):
                 raise FileNotFoundError(
                     f"tokenizer / target {name!r} does not exist (data.tokenizer, linked from model.target.path): "
                     "give an existing model directory or a hub id"
@@ -181,33 +175,16 @@ class ShareGPTDataModule(L.LightningDataModule):
 
     @property
     def mask_token_id(self) -> int:
-        """Id of the drafter's mask token: ``mask_token`` if given, else the tokenizer's mask token, else an unused
-        special token picked by :func:`choose_mask_token` (logged; the model records the id in its hyperparameters)."""
-        token = self.mask_token or self.tokenizer.mask_token
-        if token is None:
-            token = self.mask_token = choose_mask_token(self.tokenizer)
-            logger.warning(
-                "tokenizer %r has no mask token: using the unused special token %r (id %d) as the drafter's mask "
-                "token; set data.mask_token to choose another",
-                self.tokenizer_name,
-                token,
-                self.tokenizer.convert_tokens_to_ids(token),
-            )
-        token_id = self.tokenizer.convert_tokens_to_ids(token) if token is not None else None
-        if token_id is None or token_id == self.tokenizer.unk_token_id:
-            raise ValueError(
-                f"tokenizer {self.tokenizer_name!r} has no mask token {token!r}; pass mask_token=<an unused token>"
-            )
-        return int(token_id)
+        """Id of the drafter's mask token (:func:`resolve_mask_token`: ``mask_token``, the tokenizer's, or a chosen
+        unused special token; the model records the id in its hyperparameters)."""
+        token, token_id = resolve_mask_token(self.tokenizer, self.mask_token, self.tokenizer_name)
+        self.mask_token = self.mask_token or (None if self.tokenizer.mask_token else token)  # a choice is logged once
+        return token_id
 
     @property
     def pad_token_id(self) -> int:
         """Id written on padding positions (the tokenizer's pad token, else its eos token)."""
-        token_id = self.tokenizer.pad_token_id
-        token_id = self.tokenizer.eos_token_id if token_id is None else token_id
-        if token_id is None:
-            raise ValueError(f"tokenizer {self.tokenizer_name!r} has neither a pad nor an eos token")
-        return int(token_id)
+        return resolve_pad_token_id(self.tokenizer, self.tokenizer_name)
 
     # ------------------------------------------------------------------------------------------------- checks
     def setup(self, stage: str) -> None:
@@ -412,23 +389,12 @@ class ShareGPTDataModule(L.LightningDataModule):
             source = self._source("validation")
             stream = open_record_stream(source, max_record_bytes=self.max_record_bytes)
             raws = (raw_record_from_example(example, source) for example in stream)
-            chosen = []
-            for conversation in iter_conversations(raws, on_bad_record="skip"):
-                if len(chosen) >= self.num_eval_prompts:
-                    break
-                if self.id_split is not None and self.id_split.split_of(conversation.record_id) != "validation":
-                    continue
-                first_assistant = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
-                prompt = conversation.messages[:first_assistant]
-                if prompt and prompt[-1]["role"] == "user" and len(self.encoder.prompt_ids(prompt)) < self.seq_len:
-                    chosen.append(conversation)
-            self._eval_conversations = chosen
+            conversations = iter_conversations(raws, on_bad_record="skip")
+            self._eval_conversations = choose_eval_conversations(
+                conversations, self.num_eval_prompts, self.encoder, self.seq_len, self.id_split
+            )
         return self._eval_conversations
 
     def eval_prompts(self) -> list[list[int]]:
         """Token ids of each eval conversation up to and including the first assistant turn's generation prompt."""
-        prompts = []
-        for conversation in self.eval_conversations():
-            first_assistant = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
-            prompts.append(self.encoder.prompt_ids(conversation.messages[:first_assistant]))
-        return prompts
+        return [self.encoder.prompt_ids(prompt_messages(c)) for c in self.eval_conversations()]

@@ -38,16 +38,8 @@ from typing import Any, Literal
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from dspark_lightning.data.sharegpt import (
-    IdSplit,
-    InvalidRecord,
-    RawRecord,
-    conversation_id,
-    iter_local_records,
-    limit_shards,
-    resolve_source,
-    to_conversation,
-)
+from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
+from dspark_lightning.data.sharegpt import IdSplit, InvalidRecord, conversation_id, resolve_source, to_conversation
 
 SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
 SHARD_PREFIX = "train-"

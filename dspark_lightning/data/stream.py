@@ -16,16 +16,8 @@ from torch.utils.data import IterableDataset as TorchIterableDataset
 
 from dspark_lightning.data.accounting import SharedCounts
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES
-from dspark_lightning.data.sharegpt import (
-    BadRecordError,
-    DataSource,
-    IdSplit,
-    InvalidRecord,
-    RawRecord,
-    iter_local_records,
-    limit_shards,
-    to_conversation,
-)
+from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
+from dspark_lightning.data.sharegpt import BadRecordError, DataSource, IdSplit, InvalidRecord, to_conversation
 from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker
 
 

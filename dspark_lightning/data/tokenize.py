@@ -23,6 +23,7 @@ Design choices:
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from typing import Any
 import torch
 
 from dspark_lightning.data.sharegpt import InvalidRecord
+
+logger = logging.getLogger(__name__)
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -65,6 +68,34 @@ def choose_mask_token(tokenizer: Any) -> str:
         if named_for_it:
             return named_for_it[0]
     return candidates[-1][1]
+
+
+def resolve_mask_token(tokenizer: Any, mask_token: str | None, name: str) -> tuple[str, int]:
+    """The drafter's mask token and its id: ``mask_token`` if given, else the tokenizer's mask token, else an unused
+    special token picked by :func:`choose_mask_token` (logged as a warning)."""
+    token = mask_token or tokenizer.mask_token
+    if token is None:
+        token = choose_mask_token(tokenizer)
+        logger.warning(
+            "tokenizer %r has no mask token: using the unused special token %r (id %d) as the drafter's mask "
+            "token; set data.mask_token to choose another",
+            name,
+            token,
+            tokenizer.convert_tokens_to_ids(token),
+        )
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ValueError(f"tokenizer {name!r} has no mask token {token!r}; pass mask_token=<an unused token>")
+    return token, int(token_id)
+
+
+def resolve_pad_token_id(tokenizer: Any, name: str) -> int:
+    """Id written on padding positions: the tokenizer's pad token, else its eos token."""
+    token_id = tokenizer.pad_token_id
+    token_id = tokenizer.eos_token_id if token_id is None else token_id
+    if token_id is None:
+        raise ValueError(f"tokenizer {name!r} has neither a pad nor an eos token")
+    return int(token_id)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,7 @@ constructor takes four config groups (``lightning/config.py``, ``models.DrafterC
 
 Design choices:
 - The target is built in ``__init__`` (the drafter's shape depends on it) and is frozen and in eval mode forever.
-  Checkpoints hold only the trainable drafter state: the target and the frozen embedding / LM head that the drafter
-  shares with it are dropped in ``on_save_checkpoint`` and re-loaded from ``target`` on resume
-  (``strict_loading=False``, with our own check that every trainable tensor was restored).
+  Checkpoints hold only the trainable drafter state (``lightning/frozen_state.py``).
 - Training anchors come from a generator seeded by (seed, global step, rank), so a resumed run draws the same
   anchors as an uninterrupted one. Evaluation anchors are deterministic per document (``evaluation_anchors``), so
   validation metrics do not depend on packing, batch order or the number of DDP ranks.
@@ -46,6 +44,7 @@ from dspark_lightning.data.cache import load_cache_indexes
 from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.dtypes import DTYPES, torch_dtype
 from dspark_lightning.lightning.config import GROUPS, LossArgs, TargetArgs, TrainingArgs, as_group, as_hparams
+from dspark_lightning.lightning.frozen_state import TrainableStateCheckpoints
 from dspark_lightning.lightning.guards import NonFiniteGuard
 from dspark_lightning.lightning.optim import default_optimizer, warmup_cosine_schedule
 from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_metrics, step_output
@@ -66,7 +65,7 @@ log = logging.getLogger(__name__)
 TARGET_FEATURES = ("online", "cache")
 
 
-class DSparkModule(NonFiniteGuard, L.LightningModule):
+class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule):
     def __init__(
         self,
         target: TargetArgs = TargetArgs(),
@@ -134,26 +133,6 @@ class DSparkModule(NonFiniteGuard, L.LightningModule):
         self.last_validation: dict[str, torch.Tensor] = {}
         if loss.candidate_weight > 0 and "selector" not in supported_modes(self.drafter.markov_head):
             raise ValueError("loss.candidate_weight > 0 needs a vanilla or gated Markov head (the Selector form)")
-
-    # ------------------------------------------------------------------ checkpoints
-    def frozen_state_keys(self) -> set[str]:
-        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
-        buffers = {name for name, _ in self.named_buffers() if not name.startswith("target.")}
-        return set(self.state_dict().keys()) - trainable - buffers
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        for key in self.frozen_state_keys():
-            checkpoint["state_dict"].pop(key, None)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        state, frozen = self.state_dict(), self.frozen_state_keys()
-        missing = sorted(set(state) - frozen - set(checkpoint["state_dict"]))
-        if missing:
-            raise KeyError(f"checkpoint lacks trainable drafter tensors (different model config?): {missing[:8]}")
-        for (
-            key
-        ) in frozen:  # the target's tensors, already loaded from model.target.path: not "missing" from the checkpoint
-            checkpoint["state_dict"].setdefault(key, state[key])
 
     def setup(self, stage: str) -> None:
         """Check that the data module's feature cache (if any) was written for this target and these layers."""

@@ -332,3 +332,15 @@ def block_visibility(anchors: Anchors, document_ids: torch.Tensor, block_size: i
     """The attention rule for these anchors (invalid anchors see only their own block)."""
     anchor_documents = document_ids.gather(1, anchors.positions).masked_fill(~anchors.valid, -2)
     return BlockVisibility(anchors.positions, anchor_documents, document_ids, block_size)
+
+
+def padded_prefix_visibility(context_valid: torch.Tensor, block_size: int) -> BlockVisibility:
+    """One block per row after a left-padded prefix [b, S] (False on padding): the block sees the valid prefix."""
+    b, S = context_valid.shape
+    documents = torch.where(context_valid, 0, -1)  # padding is its own "document", invisible to the block
+    return BlockVisibility(
+        anchor_positions=torch.full((b, 1), S, device=documents.device),
+        anchor_documents=torch.zeros((b, 1), dtype=documents.dtype, device=documents.device),
+        context_documents=documents,
+        block_size=block_size,
+    )

@@ -1,10 +1,8 @@
 """DSparkDrafter: the DFlash backbone plus the optional Markov and confidence heads, in one ``nn.Module``.
 
-Training (``forward``) takes a packed batch (see ``dspark_lightning.data``) and the frozen target's features for
-it and returns, for every sampled block, the draft logits (base + Markov bias), the confidence logits, the teacher
-log-probabilities and validity masks. Inference (``draft``) takes the target's features for a prefix plus the
-newest token and returns one block of base logits and hidden states; the decoding modes (parallel, sequential
-Markov, Selector walk) live in ``dspark_lightning.selector`` / ``dspark_lightning.decoding``.
+``forward`` (training) takes a packed batch and the frozen target's features and returns, per sampled block, draft
+logits (base + Markov bias), confidence logits, teacher log-probabilities and validity masks. ``draft`` (inference)
+returns one block of base logits and hidden states after a prefix; the decoding modes live in ``selector/`` and ``decoding/``.
 
 Conventions (docs/design.md §3.1, §3.6):
 - ``sample_from_anchor=True`` (DSpark): slot k predicts the token at p+k+1, its previous token is x_{p+k}.
@@ -28,17 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark_lightning.models.attention import BlockVisibility, resolve_backend
+from dspark_lightning.models.attention import resolve_backend
 from dspark_lightning.models.backbone import (
     Anchors,
     BackboneConfig,
     DFlashBackbone,
     block_visibility,
+    padded_prefix_visibility,
     sample_anchors,
 )
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.target import rope_theta
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
@@ -182,7 +182,7 @@ class DSparkDrafter(nn.Module):
             head_dim=head_dim,
             intermediate_size=config.intermediate_size or tc.intermediate_size,
             rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(tc),
+            rope_theta=rope_theta(tc),
             num_context_layers=len(target.target_layer_ids),
             attention_backend=config.attention_backend,
             sliding_window=config.sliding_window,
@@ -373,16 +373,9 @@ class DSparkDrafter(nn.Module):
         Returns:
             base logits [b, B, Vd] and draft hidden states [b, B, H].
         """
-        b, S = context_positions.shape
         visibility = None
         if context_valid is not None and not bool(context_valid.all()):
-            documents = torch.where(context_valid, 0, -1)
-            visibility = BlockVisibility(
-                anchor_positions=torch.full((b, 1), S, device=documents.device),
-                anchor_documents=torch.zeros((b, 1), dtype=documents.dtype, device=documents.device),
-                context_documents=documents,
-                block_size=self.block_size,
-            )
+            visibility = padded_prefix_visibility(context_valid, self.block_size)
         hidden = self._run_backbone(
             anchor_tokens[:, None], anchor_positions[:, None], context_features, context_positions, visibility
         )[:, 0]
@@ -409,11 +402,3 @@ class DSparkDrafter(nn.Module):
         block_positions = anchor_positions[:, None] + torch.arange(B, device=block.device)
         hidden = self.backbone(block, None, block_positions, None, None, context_cache=cache)
         return self.output_logits(hidden), hidden
-
-
-def _rope_theta(config) -> float:
-    """The target's rotary base across transformers versions (``rope_theta`` or ``rope_parameters``)."""
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return float(getattr(config, "rope_theta", 10_000.0))

@@ -238,3 +238,11 @@ class TargetHeads(nn.Module):
             "this target was loaded without its decoder (cache mode): the batch must carry context_features and "
             "final_hidden from an offline cache (data.train_cache / data.val_cache)"
         )
+
+
+def rope_theta(config) -> float:
+    """The target's rotary base across transformers versions (``rope_theta`` or ``rope_parameters``)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", 10_000.0))

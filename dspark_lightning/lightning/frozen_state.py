@@ -1,0 +1,31 @@
+"""Checkpoints of trainable state only, for ``DSparkModule``: the frozen target is dropped on save, re-filled on load.
+
+A mixin for a LightningModule whose frozen tensors (the target, and the input embedding / LM head that the drafter
+shares with it) are loaded from ``model.target`` when the module is built. They are left out of every checkpoint and,
+on load, taken from the module itself, after checking that every trainable tensor is in the checkpoint (the module
+runs with ``strict_loading=False``, so this check is ours).
+"""
+
+from __future__ import annotations
+
+
+class TrainableStateCheckpoints:
+    """``on_save_checkpoint`` / ``on_load_checkpoint`` that keep the frozen tensors out of checkpoints."""
+
+    def frozen_state_keys(self) -> set[str]:
+        """State-dict keys of frozen parameters (buffers count as trainable state, except the target's)."""
+        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
+        buffers = {name for name, _ in self.named_buffers() if not name.startswith("target.")}
+        return set(self.state_dict().keys()) - trainable - buffers
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        for key in self.frozen_state_keys():
+            checkpoint["state_dict"].pop(key, None)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state, frozen = self.state_dict(), self.frozen_state_keys()
+        missing = sorted(set(state) - frozen - set(checkpoint["state_dict"]))
+        if missing:
+            raise KeyError(f"checkpoint lacks trainable drafter tensors (different model config?): {missing[:8]}")
+        for key in frozen:  # the target's tensors, already loaded from model.target: not "missing" from the checkpoint
+            checkpoint["state_dict"].setdefault(key, state[key])

@@ -1,0 +1,106 @@
+"""After training: measured speculative decoding (`decode`) and confidence calibration (`calibrate`) on a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.paths import ROOT
+
+from dspark_lightning.checks import dumps_json
+from dspark_lightning.cli import cli_main
+from dspark_lightning.evaluate import load_trained
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory) -> Path:
+    """A short quickstart run on the shipped on-policy data (about half a minute on 2 cores)."""
+    run_dir = tmp_path_factory.mktemp("quickstart")
+    cli_main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            f"--model.target.path={ROOT / 'assets/demo-target'}",
+            f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}",
+            f"--data.val_files={ROOT / 'assets/data/sharegpt/validation-00000.jsonl'}",
+            "--data.limit_val_samples=24",
+            "--data.seq_len=256",
+            "--trainer.max_steps=150",
+            "--trainer.val_check_interval=150",
+            "--trainer.limit_val_batches=3",
+            "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+            f"--trainer.logger.save_dir={run_dir}",
+            "--trainer.logger.name=run",
+        ]
+    )
+    return run_dir / "run" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
+    out = tmp_path / "decode.json"
+    rows = cli_main(
+        [
+            "decode",
+            f"--ckpt_path={trained_checkpoint}",
+            "--num_prompts=3",
+            "--max_new_tokens=32",
+            "--thresholds=[0.3]",
+            "--cost_model=true",
+            f"--json={out}",
+        ]
+    )
+    assert json.loads(out.read_text()) == json.loads(dumps_json(rows))  # strict JSON: an undefined rate is null
+    by_mode = {(r["mode"], r["threshold"]): r for r in rows}
+    cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
+    assert len(cost_rows) == 3 and all(r["threshold"][1] > 0 and r["threshold"][2] >= 0 for r in cost_rows)
+    assert all(1.0 <= r["mean_verified"] <= 8 for r in cost_rows)
+    rows = [r for r in rows if not isinstance(r["threshold"], (list, tuple))]
+    by_mode = {(r["mode"], r["threshold"]): r for r in rows}
+    assert set(by_mode) == {(m, t) for m in ("parallel", "markov", "selector") for t in (None, 0.3)}
+    # the trained drafter gets drafts accepted by the real target (tau = tokens per target forward)
+    assert by_mode[("markov", None)]["tau"] > 1.0
+    for row in rows:
+        assert 1.0 <= row["tau"] <= 1 + 8
+        assert 1.0 <= row["mean_verified"] <= 8
+    assert by_mode[("markov", 0.3)]["mean_verified"] <= by_mode[("markov", None)]["mean_verified"]
+    # the baseline: the target's own generate, timed alternately; greedy outputs equal
+    for row in rows:
+        assert row["outputs_equal"] and row["speedup"] > 0 and row["baseline_tokens_per_second"] > 0
+        assert set(row["phase_ms_per_step"]) == {"draft_backbone", "draft_head", "verify", "bookkeeping"}
+    # the cost model's verify-length report on the whole-block rows
+    for mode in ("parallel", "markov", "selector"):
+        best = by_mode[(mode, None)]["verify_length"]
+        assert 1 <= best["best_n"] <= 8 and len(best["tokens_per_second"]) == len(best["expected_tokens"])
+
+
+def test_decode_check_identity_on_a_trained_checkpoint(trained_checkpoint, tmp_path):
+    gap = tmp_path / "gap.md"
+    rows = cli_main(
+        [
+            "decode",
+            f"--ckpt_path={trained_checkpoint}",
+            "--num_prompts=2",
+            "--max_new_tokens=24",
+            "--check_identity=true",
+            f"--gap_table={gap}",
+        ]
+    )
+    assert {row["mode"] for row in rows} == {"parallel", "markov", "selector"} and len(rows) == 6
+    assert all(row["ok"] and row["measured_tau"] == row["teacher_forced_tau"] for row in rows)
+    lines = gap.read_text().splitlines()
+    measured = next(line for line in lines if line.startswith("| measured"))
+    step_d = next(line for line in lines if line.startswith("| (d)"))
+    assert measured.split("|")[-3] == step_d.split("|")[-3] and measured.split("|")[-2].strip() == "+0.000"
+
+
+def test_calibrate_command_stores_temperatures(trained_checkpoint, tmp_path):
+    output = tmp_path / "calibrated.ckpt"
+    result = cli_main(["calibrate", f"--ckpt_path={trained_checkpoint}", f"--output={output}", "--max_batches=3"])
+    assert result["ece_after"] <= result["ece_before"] + 1e-9
+    module, _ = load_trained(str(output))
+    stored = module.drafter.confidence_temperature
+    assert torch.allclose(stored, torch.tensor(result["temperatures"]))
+    assert not torch.allclose(stored, torch.ones_like(stored))

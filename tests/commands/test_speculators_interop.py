@@ -1,0 +1,150 @@
+"""Optional: the ``speculators`` library itself loads our export and computes the same logits.
+
+Skipped unless ``speculators`` is importable here or ``DSPARK_SPECULATORS_PYTHON`` names an interpreter that has
+it (it is never a dependency of this project; it pins other transformers versions). A throw-away setup:
+
+    python3 -m venv /tmp/specvenv
+    /tmp/specvenv/bin/pip install -c constraints-cpu.txt speculators
+    /tmp/specvenv/bin/pip uninstall -y torchvision torchaudio     # their CPU wheels break transformers' imports
+    DSPARK_SPECULATORS_PYTHON=/tmp/specvenv/bin/python pytest tests/commands/test_speculators_interop.py
+
+Each export is loaded with ``DSparkDraftModel.from_pretrained`` (embedding and LM head re-loaded from the recorded
+verifier) and run on one block after a prefix: base logits, Markov bias for given previous tokens, confidence
+logits. DFlash-2 form gates must be *refused* by speculators (its gated head has another shape), never loaded wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers.export import draft_vocab, make_drafter, save_verifier
+from safetensors.torch import load_file, save_file
+
+from dspark_lightning.export import export_drafter
+from dspark_lightning.models import FrozenTarget
+
+PYTHON = os.environ.get("DSPARK_SPECULATORS_PYTHON") or (
+    sys.executable if importlib.util.find_spec("speculators") else None
+)
+pytestmark = pytest.mark.skipif(PYTHON is None, reason="speculators is not installed (set DSPARK_SPECULATORS_PYTHON)")
+
+
+@pytest.fixture(scope="module")
+def verifier_dir(tmp_path_factory):
+    return save_verifier(tmp_path_factory.mktemp("verifier"))
+
+
+@pytest.fixture(scope="module")
+def target(verifier_dir) -> FrozenTarget:
+    return FrozenTarget.from_pretrained(str(verifier_dir), num_draft_layers=2)
+
+
+SCRIPT = r"""
+import json, sys, torch
+from safetensors.torch import load_file, save_file
+from speculators.models.dspark import DSparkDraftModel
+torch.set_num_threads(1)
+results = {}
+for job in json.load(open(sys.argv[1])):
+    try:
+        model = DSparkDraftModel.from_pretrained(job["dir"]).float().eval()
+    except Exception as error:
+        results[job["name"]] = f"{type(error).__name__}: {error}"
+        continue
+    x = load_file(job["inputs"])
+    for layer in model.layers:
+        layer.self_attn.config._attn_implementation = "sdpa"
+    with torch.no_grad():
+        context = model.hidden_norm(model.fc(x["context_features"]))
+        h = model.embed_tokens(x["block_ids"])
+        positions = torch.cat([x["context_positions"], x["block_positions"]], dim=1)
+        embeddings = model.rotary_emb(h, positions)
+        for layer in model.layers:
+            h = layer(hidden_states=h, target_hidden=context, position_ids=positions, position_embeddings=embeddings)
+        hidden = model.norm(h)
+        out = {"base": model.lm_head(hidden)}
+        if model.markov_head is not None:
+            out["bias"] = model.markov_head.block_bias(prev_token_ids=x["prev"], hidden_states=hidden)
+        if model.confidence_head is not None:
+            features = hidden
+            if model.config.confidence_head_with_markov:
+                features = torch.cat([hidden, model.markov_head.prev_embeddings(x["prev"])], dim=-1)
+            out["confidence"] = model.confidence_head(features)
+    save_file({k: v.contiguous() for k, v in out.items()}, job["outputs"])
+    results[job["name"]] = "ok"
+print(json.dumps(results))
+"""
+
+CASES = {
+    "none": dict(head="none"),
+    "vanilla": dict(head="vanilla"),
+    "vanilla_draft_vocab": dict(head="vanilla", vocab=True),
+    "gated_draft_vocab": dict(head="gated", vocab=True),
+    "rnn": dict(head="rnn"),
+    "no_confidence": dict(head="vanilla", confidence_head=False),
+    "selector_layout_backbone_only": dict(head="selector", confidence_head=False, selector=True),
+    "dflash2_gate_is_refused": dict(head="gated_hidden_sigmoid"),
+}
+
+
+def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, verifier_dir):
+    generator = torch.Generator().manual_seed(0)
+    S, B, V = 11, 4, 64
+    ids = torch.randint(0, V - 1, (2, S), generator=generator)
+    features = target.features(ids, torch.arange(S).repeat(2, 1)).context_features
+    anchors = torch.randint(0, V - 1, (2,), generator=generator)
+    prev = torch.randint(0, V - 1, (2, B), generator=generator)
+    inputs = {
+        "context_features": features,
+        "context_positions": torch.arange(S).repeat(2, 1),
+        "block_ids": torch.cat((anchors[:, None], torch.full((2, B - 1), V - 1)), dim=1),
+        "block_positions": torch.arange(S, S + B).repeat(2, 1),
+        "prev": prev,
+    }
+    save_file({k: v.contiguous() for k, v in inputs.items()}, str(tmp_path / "inputs.safetensors"))
+
+    jobs, expected = [], {}
+    for name, case in CASES.items():
+        kwargs = {"confidence_head": case["confidence_head"]} if "confidence_head" in case else {}
+        drafter = make_drafter(target, case["head"], draft_vocab() if case.get("vocab") else None, **kwargs)
+        out_dir = tmp_path / name
+        export_drafter(
+            drafter,
+            out_dir,
+            verifier_name_or_path=str(verifier_dir),
+            dtype="float32",
+            candidate_selector="selector" in case,
+        )
+        with torch.no_grad():
+            base, hidden = drafter.draft(features, inputs["context_positions"], anchors, torch.full((2,), S))
+            ours = {"base": base}
+            if drafter.markov_head is not None and "selector" not in case:
+                ours["bias"] = drafter.markov_head.block_bias(prev, hidden)
+            if drafter.confidence_head is not None:
+                ours["confidence"] = drafter.confidence_logits(hidden, prev)
+        expected[name] = ours
+        jobs.append(
+            dict(name=name, dir=str(out_dir), inputs=str(tmp_path / "inputs.safetensors"), outputs=str(out_dir / "o"))
+        )
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    (tmp_path / "run.py").write_text(SCRIPT)
+    run = subprocess.run(
+        [PYTHON, str(tmp_path / "run.py"), str(tmp_path / "jobs.json")], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert "mismatched_sizes" in results.pop("dflash2_gate_is_refused")  # refused, not loaded with a wrong gate
+    expected.pop("dflash2_gate_is_refused")
+    assert results == dict.fromkeys(expected, "ok")
+    for name, ours in expected.items():
+        theirs = load_file(str(tmp_path / name / "o"))
+        assert set(theirs) == set(ours), name
+        for key, value in ours.items():
+            torch.testing.assert_close(theirs[key], value, atol=2e-5, rtol=1e-5, msg=f"{name}: {key}")

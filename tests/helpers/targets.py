@@ -1,0 +1,62 @@
+"""Tiny random Qwen3 targets built in memory (no files, no downloads), and the bigram oracle of the decoding tests.
+
+A *bigram target* is a random Qwen3 whose attention and MLP outputs are zeroed, so its next-token distribution depends
+on the current token only; a vanilla Markov head holding that table is then an exact drafter for it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+
+
+def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 4, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    return model
+
+
+def bigram_setup(
+    vocab: int = 12, block_size: int = 4, noise: float = 0.0, temperature_scale: float = 3.0, seed=0, num_layers=4
+):
+    """A target whose next-token law depends on the current token only (its layers add nothing to the residual
+    stream), so its exact law is a bigram table; and a drafter whose Markov head holds that table plus ``noise``."""
+    model = make_tiny_qwen3(vocab_size=vocab, seed=seed, num_layers=num_layers)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.mul_(temperature_scale)
+        bigram = torch.stack([model(torch.tensor([[a]])).logits[0, 0] for a in range(vocab)])  # L[a, v]
+    target = FrozenTarget(model, target_layer_ids=[1])
+    cfg = DrafterConfig(
+        block_size=block_size, mask_token_id=vocab - 1, markov_head=MarkovHeadConfig(rank=vocab), confidence_head=True
+    )
+    drafter = DSparkDrafter.for_target(cfg, target).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        drafter.backbone.norm.weight.zero_()
+        drafter.markov_head.markov_w1.weight.copy_(torch.eye(vocab))
+        drafter.markov_head.markov_w2.weight.copy_(bigram.T + noise * torch.randn(bigram.T.shape, generator=g))
+    return model, target, drafter, bigram
+
+
+def greedy_reference(model, prompt, max_new_tokens, eos):
+    return model.generate(
+        prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0, min_new_tokens=0
+    )

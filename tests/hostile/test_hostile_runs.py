@@ -1,0 +1,209 @@
+"""Hostile runs and tools (issue #17): divergence, resume, run directories, checkpoints, tool arguments."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import pytest
+import torch
+from helpers import hostile
+from helpers.hostile import DEADLINE_S, ROOT, fit_args
+
+from dspark_lightning.checks import NonFiniteError, dumps_json
+from dspark_lightning.cli import cli_main
+from dspark_lightning.lightning.run_dirs import claim_version_dir
+
+# fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
+deadline = hostile.deadline
+checkpoint, diverged_checkpoint = hostile.checkpoint, hostile.diverged_checkpoint
+
+
+# ------------------------------------------------------------------------------------------- 2. silent divergence
+def test_divergent_learning_rate_stops_before_a_bad_step_and_no_checkpoint_holds_nan(tmp_path):
+    every_step = json.dumps(
+        [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"every_n_train_steps": 1}}]
+    )
+    args = fit_args(tmp_path, 6, extra=("--model.optimizer.init_args.lr=1e6", f"--trainer.callbacks={every_step}"))
+    with pytest.raises(NonFiniteError, match=r"(loss is nan|non-finite gradient) at step \d") as info:
+        cli_main(["fit", *args])
+    assert "no checkpoint of it was written" in str(info.value)
+    for path in tmp_path.rglob("*.ckpt"):
+        state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), path
+
+
+def test_tools_and_resume_refuse_non_finite_weights(diverged_checkpoint, tmp_path, capsys):
+
+    tensor = r"drafter\.backbone\.fc\.weight"
+    with pytest.raises(NonFiniteError, match=tensor):
+        cli_main(["export", "--ckpt_path", str(diverged_checkpoint), "--output", str(tmp_path / "export")])
+    assert not (tmp_path / "export").exists()
+    with pytest.raises(NonFiniteError, match=tensor):
+        cli_main(["decode", "--ckpt_path", str(diverged_checkpoint), "--modes", "[parallel]"])
+    with pytest.raises(NonFiniteError, match=tensor):
+        cli_main(["calibrate", "--ckpt_path", str(diverged_checkpoint)])
+    with pytest.raises(NonFiniteError, match=tensor):
+        cli_main(["fit", *fit_args(tmp_path, 3), f"--ckpt_path={diverged_checkpoint}"])
+
+
+def test_json_output_never_contains_nan(checkpoint, tmp_path, capsys):
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
+
+    assert strict(dumps_json({"ece": math.nan, "per_slot": [1.0, math.inf]})) == {"ece": None, "per_slot": [1.0, None]}
+    out = tmp_path / "rows.json"
+    cli_main(
+        ["decode", "--ckpt_path", str(checkpoint), "--modes", "[parallel]", "--num_prompts", "1", "--json", str(out)]
+    )
+    assert strict(out.read_text())[0]["mode"] == "parallel"
+    capsys.readouterr()
+    cli_main(
+        ["calibrate", "--ckpt_path", str(checkpoint), "--max_batches", "1", "--output", str(tmp_path / "cal.ckpt")]
+    )
+    printed = capsys.readouterr().out
+    assert "temperatures" in strict(printed[printed.index("{") :])
+
+
+# ------------------------------------------------------------------------------------------- 4. resume honesty
+@pytest.mark.parametrize("argument", ["drafter.max_anchors", "drafter.block_size"])
+def test_resume_with_a_different_model_argument_is_an_error_naming_it(checkpoint, tmp_path, argument):
+    args = fit_args(tmp_path, 3, extra=(f"--ckpt_path={checkpoint}", f"--model.{argument}=16"))
+    with pytest.raises(ValueError, match=rf"--model\.{re.escape(argument)}: given 16, checkpoint 8") as info:
+        cli_main(["fit", *args])
+    other = {"drafter.max_anchors", "drafter.block_size"} - {argument}
+    assert f"--model.{other.pop()}" not in str(info.value)  # only what differs is named
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------- 5. run directories
+def _claim_many(root: str) -> list[int]:
+    return [claim_version_dir(root) for _ in range(4)]
+
+
+def test_concurrent_claims_never_share_a_version(tmp_path):
+    found: list[int] = []
+    threads = [threading.Thread(target=lambda: found.extend(_claim_many(str(tmp_path / "t")))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(found) == list(range(32))
+    with ProcessPoolExecutor(4, mp_context=get_context("fork")) as pool:
+        claimed = [v for part in pool.map(_claim_many, [str(tmp_path / "p")] * 4) for v in part]
+    assert sorted(claimed) == list(range(16)) and len(list((tmp_path / "p").iterdir())) == 16
+
+
+def test_two_fits_started_together_get_their_own_directories(tmp_path):
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "dspark_lightning", "fit", *fit_args(tmp_path, 1)]
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outputs = [run.communicate(timeout=DEADLINE_S - 60)[0].decode(errors="replace") for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    versions = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert versions == ["version_0", "version_1"]
+    for version in versions:
+        directory = tmp_path / "run" / version
+        assert (directory / "config.yaml").is_file() and (directory / "metrics.csv").is_file()
+        assert (directory / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_export_refuses_a_non_empty_directory_and_overwrite_leaves_no_stale_files(checkpoint, tmp_path):
+
+    output = tmp_path / "export"
+    output.mkdir()
+    (output / "model-00002-of-00002.safetensors").write_text("stale shard")
+    args = ["--ckpt_path", str(checkpoint), "--output", str(output), "--dtype", "float32"]
+    with pytest.raises(FileExistsError, match=r"--output .*export.* not empty: pass --overwrite true"):
+        cli_main(["export", *args])
+    assert (output / "model-00002-of-00002.safetensors").exists()
+    cli_main(["export", *args, "--overwrite", "true"])
+    assert sorted(p.name for p in output.iterdir()) == ["config.json", "model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".export.")]  # no staging directory left
+
+
+# ------------------------------------------------------------------------------------------------- smaller items
+def test_missing_target_path_is_named(tmp_path):
+    missing = tmp_path / "no-such-target"
+    with pytest.raises(FileNotFoundError, match=rf"{missing}.*does not exist.*model\.target"):
+        cli_main(["fit", *fit_args(tmp_path, extra=(f"--model.target.path={missing}",))])
+
+
+def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):
+
+    notes = tmp_path / "notes.ckpt"
+    notes.write_text("not a checkpoint\n")
+    calls = [
+        lambda: cli_main(["decode", "--ckpt_path", str(notes)]),
+        lambda: cli_main(["export", "--ckpt_path", str(notes), "--output", str(tmp_path / "out")]),
+        lambda: cli_main(["validate", *fit_args(tmp_path), f"--ckpt_path={notes}"]),
+    ]
+    for call in calls:
+        with pytest.raises(
+            ValueError, match=r"notes\.ckpt' is not a checkpoint written by `dspark-lightning fit`"
+        ) as e:
+            call()
+        assert "weights_only=False" not in str(e.value)
+    with pytest.raises(FileNotFoundError, match=r"--ckpt_path .*missing\.ckpt' does not exist"):
+        cli_main(["decode", "--ckpt_path", str(tmp_path / "missing.ckpt")])
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["decode", "--thresholds", "[1.5]"], "thresholds"),
+        (["decode", "--thresholds", "[-1]"], "thresholds"),
+        (["decode", "--thresholds", "[nan]"], "thresholds"),
+        (["decode", "--max_new_tokens", "0"], "max_new_tokens"),
+        (["calibrate", "--max_batches", "0"], "max_batches"),
+    ],
+)
+def test_tool_arguments_out_of_range_are_usage_errors(argv, option, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_main([*argv, "--ckpt_path", "unused.ckpt"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f'Parser key "{option}"' in err and "does not conform to restriction" in err  # the option and the rule
+
+
+def test_report_keeps_finished_variants_when_a_later_one_fails(tmp_path, monkeypatch):
+    from dspark_lightning import report
+
+    def fake(runs_dir, head, block_size, budget):
+        if head == "gated":
+            raise RuntimeError("variant failed")
+        times = {"fit_seconds": 1.0, "eval_seconds": 1.0, "agreement_at_k": None, "ece_after": 0.1}
+        return {
+            "head": head,
+            "block_size": block_size,
+            "teacher_tau": 1.5,
+            "measured_tau": 1.2,
+            "ece_before": math.nan,
+        } | times
+
+    monkeypatch.setattr(report, "train_and_evaluate", fake)
+    with pytest.raises(RuntimeError, match="variant failed"):
+        report.run_report(tmp_path / "report", heads=["none", "gated"], block_sizes=[8])
+    partial = json.loads((tmp_path / "report" / "results.partial.json").read_text())
+    assert partial["failed"] == "gated B=8" and [r["head"] for r in partial["rows"]] == ["none"]
+    assert partial["rows"][0]["ece_before"] is None
+
+
+def test_load_from_checkpoint_does_not_list_target_tensors_as_missing(checkpoint):
+    from dspark_lightning.lightning.module import DSparkModule
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = DSparkModule.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    assert not [w for w in caught if "not in the checkpoint" in str(w.message)]
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    assert torch.equal(module.drafter.backbone.fc.weight, state["drafter.backbone.fc.weight"])
