@@ -96,7 +96,7 @@ loggers = [
 args = [
     "fit",
     "--config", str(REPO / "configs/quickstart.yaml"),
-    f"--model.target={REPO}/assets/demo-target",  # the YAML's relative paths assume the repository as cwd
+    f"--model.target.path={REPO}/assets/demo-target",  # the YAML's relative paths assume the repository as cwd
     f"--data.train_files={REPO}/assets/data/regenerated/train-*.jsonl",
     f"--data.val_files={REPO}/assets/data/sharegpt/validation-*.jsonl",
     "--data.seq_len=128",
@@ -126,7 +126,7 @@ pd.Series({k: metrics[k] for k in keys if k in metrics}, name="value").round(4).
 
 # %% [markdown]
 # Every run has its own directory: the resolved config (re-run it with `--config <run>/config.yaml`), `metrics.csv`,
-# the checkpoint (only the trainable drafter weights; the target is re-loaded from `model.target`) and `plots/`.
+# the checkpoint (only the trainable drafter weights; the target is re-loaded from `model.target.path`) and `plots/`.
 
 # %%
 run_dir = Path(cli.trainer.log_dir)

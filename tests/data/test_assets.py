@@ -101,3 +101,16 @@ def test_greedy_continuation_of_a_validation_prompt_is_deterministic_and_as_stor
     ]
     assert runs[0].tolist() == runs[1].tolist() == expected["generated_ids"]
     assert tokenizer.decode(runs[0], skip_special_tokens=True) == expected["generated_text"]
+
+
+def test_grown_smollm2_split_extends_the_report_split_and_stays_held_out():
+    # reports/smollm2_longer trains on the grown split; reports/smollm2 on its first 378 lines (a resumed regeneration)
+    smollm2 = ASSETS / "smollm2"
+    report = (smollm2 / "regenerated" / "train-00000.jsonl").read_bytes()
+    grown = (smollm2 / "regenerated-951" / "train-00000.jsonl").read_bytes()
+    assert grown.startswith(report) and report.count(b"\n") == 378 and grown.count(b"\n") == 951
+    records = records_of([smollm2 / "regenerated-951" / "train-00000.jsonl"])
+    for record in records:
+        validate_record(record)
+    validation = records_of([smollm2 / "regenerated" / "validation-00000.jsonl"])
+    assert len({r["id"] for r in records}) == 951 and not {r["id"] for r in records} & {r["id"] for r in validation}
