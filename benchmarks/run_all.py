@@ -43,10 +43,12 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "scaling": ([], ["--quick"], "scaling", "scaling_quick"),
     "memory_guidance": ([], ["--quick"], "memory_guidance", "memory_guidance"),
     "decode": ([], ["--quick"], "decode", "decode_quick"),
+    "verify_kernels": ([], ["--quick"], "verify_kernels", "verify_kernels_quick"),
     "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
 }
 # fmt: on
-OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode"}  # the others get RESULTS patched instead
+# the others get RESULTS patched instead
+OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode", "verify_kernels"}
 
 
 def discover() -> dict[str, tuple[list[str], list[str], str | None, str | None]]:

@@ -56,7 +56,16 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
 
 
 def decode_table(
-    module, prompts: list[list[int]], modes, temperature, thresholds, max_new_tokens, k, seed=0, baseline=False
+    module,
+    prompts: list[list[int]],
+    modes,
+    temperature,
+    thresholds,
+    max_new_tokens,
+    k,
+    seed=0,
+    baseline=False,
+    packed_verify=False,
 ):
     """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
 
@@ -69,6 +78,7 @@ def decode_table(
             schedule = dict(
                 confidence_threshold=None if isinstance(threshold, tuple) else threshold,
                 cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
+                packed_verify=packed_verify,
             )
             extra = {}
             if baseline and temperature == 0:
@@ -218,6 +228,7 @@ def decode_command(
     thresholds: list[ClosedUnitInterval] = [],  # noqa: B006
     cost_model: bool = False,
     baseline: bool = True,
+    packed_verify: bool = False,
     num_prompts: PositiveInt = 8,
     max_new_tokens: PositiveInt = 64,
     val_files: str | None = None,
@@ -237,6 +248,8 @@ def decode_command(
             the target
         baseline: greedy only: time the target's own generate alternately with each run, report speedup, check
             outputs
+        packed_verify: run the verify forwards on oneDNN-packed weights (float32 CPU targets; faster at a few
+            rows, one more copy of the decoder weights; the baseline keeps the default kernels)
         num_prompts: eval prompts from the validation data
         max_new_tokens: tokens generated per prompt (at least 1: one verify step)
         val_files: override the checkpoint's validation files
@@ -260,12 +273,17 @@ def decode_command(
     if cost_model:
         from dspark_lightning.decoding import measure_verify_cost
 
-        cost = measure_verify_cost(module.target, max_block=module.drafter_config.block_size)
+        cost = measure_verify_cost(
+            module.target, max_block=module.drafter_config.block_size, packed_verify=packed_verify
+        )
         print(f"measured verify cost T(n) = {cost[0] * 1e3:.2f} ms + {cost[1] * 1e3:.3f} ms * n")
         schedules.append(("cost", *cost))
     if baseline and temperature > 0:
         print("--baseline compares greedy outputs: skipped at temperature > 0")
-    rows = decode_table(module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline)
+    rows = decode_table(
+        module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,
+        packed_verify=packed_verify,
+    )  # fmt: skip
     print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {temperature}")
     if cost_model:
         print_verify_length_table(verify_length_table(rows, cost), cost)

@@ -76,11 +76,11 @@ def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
 def train_and_evaluate_smollm2(runs_root: Path, head: str, budget: Budget, extra: Sequence[str], name: str) -> dict:
     """One SmolLM2 variant: ``report-smollm2``'s fit (from the feature cache) and measurement, without wall clock."""
     start = time.perf_counter()
-    cli = fit_head(runs_root, head, budget.steps, extra, name=name)
+    cli, checkpoint = fit_head(runs_root, head, budget.steps, extra, name=name)
     fit_seconds = time.perf_counter() - start
     start = time.perf_counter()
     row = evaluate_head(
-        cli, num_prompts=budget.num_prompts, max_new_tokens=budget.max_new_tokens, k=budget.k,
+        cli, checkpoint, num_prompts=budget.num_prompts, max_new_tokens=budget.max_new_tokens, k=budget.k,
         max_blocks=budget.max_blocks, wall_clock=False,
     )  # fmt: skip
     row.update(

@@ -28,7 +28,7 @@ import torch
 from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
-from dspark_lightning.checks import dumps_json
+from dspark_lightning.checks import dumps_json, read_checkpoint
 from dspark_lightning.decoding import measure_speedup
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
@@ -38,11 +38,16 @@ HEADS = ("none", "vanilla", "gated", "rnn", "selector")
 CONFIG = REPO_ROOT / "configs/smollm2_sharegpt.yaml"
 
 
+def head_configs(head: str) -> list[str]:
+    args = ["--config", str(CONFIG)]
+    return args if head == "vanilla" else [*args, "--config", str(REPO_ROOT / f"configs/heads/{head}.yaml")]
+
+
 def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str], name: str | None = None):
-    args = ["fit", "--config", str(CONFIG)]
-    if head != "vanilla":
-        args += ["--config", str(REPO_ROOT / f"configs/heads/{head}.yaml")]
-    args += [
+    """(the fit's CLI object, its last checkpoint)."""
+    args = [
+        "fit",
+        *head_configs(head),
         f"--trainer.max_steps={steps}",
         f"--trainer.val_check_interval={steps}",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
@@ -50,14 +55,39 @@ def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str], name: str 
         f"--trainer.logger.name={name or head}",
         *extra,
     ]
-    return lightning_main(args)
+    cli = lightning_main(args)
+    return cli, cli.trainer.checkpoint_callback.last_model_path
+
+
+def finished_run(runs: Path, head: str, steps: int) -> Path | None:
+    """The newest ``last.ckpt`` under runs/<head>/ that reached ``steps`` optimizer steps, if any."""
+    found = []
+    for path in (runs / head).glob("version_*/checkpoints/last.ckpt"):
+        step = read_checkpoint(path).get("global_step")
+        if step == steps:
+            found.append(path)
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def validate_head(checkpoint: Path, head: str, extra: Sequence[str]):
+    """(the CLI object of a ``validate`` of ``checkpoint``, the checkpoint): the fit's last validation, not rerun."""
+    args = ["validate", *head_configs(head), "--trainer.logger=false", *extra, f"--ckpt_path={checkpoint}"]
+    return lightning_main(args), str(checkpoint)
 
 
 def evaluate_head(
-    cli, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int, wall_clock: bool = True
+    cli,
+    checkpoint: str,
+    *,
+    num_prompts: int,
+    max_new_tokens: int,
+    k: int,
+    max_blocks: int,
+    wall_clock: bool = True,
+    packed_verify: bool = False,
 ) -> dict:
     """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing."""
-    online = load_checkpoint_module(cli.trainer.checkpoint_callback.last_model_path, features="online")
+    online = load_checkpoint_module(checkpoint, features="online")
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
     row = evaluate_variant(
@@ -66,7 +96,10 @@ def evaluate_head(
     if not wall_clock:
         return row
     prompts = cli.datamodule.eval_prompts()[:num_prompts]
-    timing = measure_speedup(online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k)
+    timing = measure_speedup(
+        online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
+        packed_verify=packed_verify,
+    )  # fmt: skip
     timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
     row["wall_clock"] = timing
     return row
@@ -142,6 +175,8 @@ def report_smollm2_command(
     threads: PositiveInt = 1,
     rerender: bool = False,
     fit_args: list[str] = [],  # noqa: B006
+    reuse_runs: bool = False,
+    packed_verify: bool = False,
 ) -> list[dict]:
     """Train every head on the SmolLM2-135M recipe; measured tau and wall clock against the target's generate.
 
@@ -157,7 +192,13 @@ def report_smollm2_command(
         threads: torch CPU threads
         rerender: rewrite report.md and the plots from results.json
         fit_args: more fit options for every head, e.g. [--model.drafter.max_anchors=32]
+        reuse_runs: with runs_dir: a head whose runs_dir/<head>/version_*/checkpoints/last.ckpt reached ``steps``
+            is validated and measured from that checkpoint instead of trained again (a report in several sittings)
+        packed_verify: time the speculative runs with the verify forward on oneDNN-packed weights
+            (``decoding.kernels``); the ``generate`` baseline keeps the default kernels
     """
+    if reuse_runs and not runs_dir:
+        raise ValueError("--reuse_runs true needs --runs_dir: the directory whose finished runs are reused")
     args = SimpleNamespace(**locals())  # what markdown() reads (k, steps, command)
     args.command = command_line("report-smollm2", report_smollm2_command, dict(vars(args)))
     extra = fit_args
@@ -180,10 +221,14 @@ def report_smollm2_command(
     try:
         for head in args.heads:
             with quieted():
-                cli = fit_head(runs, head, args.steps, extra)
+                finished = finished_run(runs, head, args.steps) if args.reuse_runs else None
+                if finished is not None:
+                    cli, checkpoint = validate_head(finished, head, extra)
+                else:
+                    cli, checkpoint = fit_head(runs, head, args.steps, extra)
                 row = evaluate_head(
-                    cli, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
-                    max_blocks=args.max_blocks,
+                    cli, checkpoint, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
+                    max_blocks=args.max_blocks, packed_verify=args.packed_verify,
                 )  # fmt: skip
             row.update(
                 head=head, block_size=cli.model.drafter.config.block_size, command=args.command, steps=args.steps

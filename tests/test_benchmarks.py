@@ -16,7 +16,14 @@ from helpers.paths import ROOT
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_decode, bench_quickstart, bench_scaling, bench_train_step, run_all  # noqa: E402
+from benchmarks import (  # noqa: E402
+    bench_decode,
+    bench_quickstart,
+    bench_scaling,
+    bench_train_step,
+    bench_verify_kernels,
+    run_all,
+)
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -60,6 +67,14 @@ def test_decode_quick_writes_speedup_and_context_sweep(tmp_path):
     assert all(float(r["cached_ms"]) > 0 and float(r["uncached_ms"]) > 0 for r in records)
     assert (tmp_path / "decode_quick_context.png").stat().st_size > 0
     assert "untrained drafter" in (tmp_path / "decode_quick.md").read_text()
+
+
+def test_verify_kernels_quick_times_both_kernels_per_row_count(tmp_path):
+    report = bench_verify_kernels.run(quick=True, out_dir=tmp_path, log=lambda *_: None)
+    rows = report["forward_costs"]
+    assert [r["rows"] for r in rows] == [1, 2, 3] and rows[0]["default_over_one_row"] == 1.0
+    assert all(r["default_ms"] > 0 and r["packed_ms"] > 0 for r in rows)
+    assert "| 3 |" in (tmp_path / "verify_kernels_quick.md").read_text()
 
 
 def test_quickstart_results_from_a_run_directory(tmp_path):

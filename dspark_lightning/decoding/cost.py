@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
 
 import torch
 
+from dspark_lightning.decoding.kernels import PackedLinears
+
 
 @torch.no_grad()
 def measure_verify_cost(
-    target, prompt_length: int = 64, max_block: int = 16, repeats: int = 5, device: str | torch.device = "cpu"
+    target,
+    prompt_length: int = 64,
+    max_block: int = 16,
+    repeats: int = 5,
+    device: str | torch.device = "cpu",
+    packed_verify: bool = False,
 ) -> tuple[float, float]:
     """Fit T(n) = t0 + t1 * n, the wall time of one verifying target forward over n+1 new tokens on a cached prefix.
 
     Timed as ``speculative_generate`` runs it: the decoder over the n+1 tokens and the LM head on the first row only
     (each accepted draft adds one head row: a cost per accepted token, not per verified slot). Times the real target
     (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by least squares; the
-    result is the ``cost_model`` argument of ``speculative_generate``.
+    result is the ``cost_model`` argument of ``speculative_generate``; ``packed_verify`` times the forward on the
+    packed kernels that ``speculative_generate(packed_verify=True)`` verifies with.
     """
     from transformers import DynamicCache
 
@@ -30,6 +39,7 @@ def measure_verify_cost(
     head = model.get_output_embeddings()
     verify = body if body is not None and head is not None else model
     cache_kwarg = "cache" if "cache" in inspect.signature(verify.forward).parameters else "past_key_values"
+    kernels = PackedLinears(verify, max_block + 1) if packed_verify else contextlib.nullcontext()
     lengths, seconds = [], []
     for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
         block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
@@ -40,7 +50,8 @@ def measure_verify_cost(
             if torch.cuda.is_available() and torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            out = verify(input_ids=block, use_cache=True, **{cache_kwarg: cache})
+            with kernels:
+                out = verify(input_ids=block, use_cache=True, **{cache_kwarg: cache})
             if verify is body:
                 head(out.last_hidden_state[:, :1])
             if torch.cuda.is_available() and torch.device(device).type == "cuda":

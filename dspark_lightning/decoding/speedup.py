@@ -31,6 +31,7 @@ def measure_speedup(
     cost_model: tuple[float, float] | None = None,
     eos_token_id: int | list[int] | None = None,
     drafter_cache: bool = True,
+    packed_verify: bool = False,
     warmup: bool = True,
     device=None,
 ) -> dict:
@@ -39,7 +40,8 @@ def measure_speedup(
     For each prompt the baseline runs first, then the speculative run, so load from other processes hits both
     alike; one untimed call of each on the first prompt warms them up. Both are timed around the whole call (prompt
     forward included). The outputs must be equal token for token (greedy speculative decoding is lossless); a
-    mismatch is listed in ``mismatches`` and raised as a warning.
+    mismatch is listed in ``mismatches`` and raised as a warning. ``packed_verify`` is passed to the speculative
+    runs only: the baseline keeps the target's default kernels.
 
     Returns a dict: ``speedup`` = total baseline seconds / total speculative seconds, ``median_prompt_speedup``,
     tokens/s of both, tau, the speculative run's phase times (``phase_ms_per_step``, ``prefill_seconds``),
@@ -80,6 +82,7 @@ def measure_speedup(
             cost_model=cost_model,
             eos_token_id=eos,
             drafter_cache=drafter_cache,
+            packed_verify=packed_verify,
         )
 
     def timed(fn, ids):
@@ -117,6 +120,7 @@ def measure_speedup(
         confidence_threshold=confidence_threshold,
         cost_model=list(cost_model) if cost_model is not None else None,
         drafter_cache=drafter_cache,
+        packed_verify=packed_verify,
         prompts=len(prompts),
         max_new_tokens=max_new_tokens,
         new_tokens=merged.new_tokens,
