@@ -29,7 +29,7 @@ from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
 from dspark_lightning.checks import dumps_json, read_checkpoint
-from dspark_lightning.decoding import measure_speedup
+from dspark_lightning.decoding import measure_speedup, measure_verify_cost
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
 from dspark_lightning.report import _fmt, evaluate_variant, plot_results
@@ -85,8 +85,10 @@ def evaluate_head(
     max_blocks: int,
     wall_clock: bool = True,
     packed_verify: bool = False,
+    cost_model: bool = False,
 ) -> dict:
-    """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing."""
+    """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing,
+    ``cost_model`` a second timing whose verify length is scheduled by the measured T(n) (``wall_clock_scheduled``)."""
     online = load_checkpoint_module(checkpoint, features="online")
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
@@ -102,6 +104,14 @@ def evaluate_head(
     )  # fmt: skip
     timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
     row["wall_clock"] = timing
+    if cost_model:
+        cost = measure_verify_cost(online.target, max_block=online.drafter.block_size, packed_verify=packed_verify)
+        scheduled = measure_speedup(
+            online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
+            packed_verify=packed_verify, cost_model=cost,
+        )  # fmt: skip
+        scheduled.pop("stats")
+        row["wall_clock_scheduled"] = scheduled
     return row
 
 
@@ -118,12 +128,18 @@ def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
         "`configs/smollm2_sharegpt.yaml` + `configs/heads/<head>.yaml` from the offline feature cache, "
         f"{', '.join(sorted({str(r.get('steps', args.steps)) for r in rows}))} steps, seed 0. Measured decoding and "
         f"wall clock: {rows[0]['wall_clock']['prompts']} held-out prompts (validation split) x "
-        f"{rows[0]['wall_clock']['max_new_tokens']} new tokens, greedy, the target re-loaded whole.",
+        f"{rows[0]['wall_clock']['max_new_tokens']} new tokens, greedy, the target re-loaded whole; verify forward "
+        f"on {'packed (oneDNN)' if rows[0]['wall_clock'].get('packed_verify') else 'the default'} kernels, "
+        "`generate` on the default ones.",
         "",
+    ]
+    scheduled = all("wall_clock_scheduled" in r for r in rows)
+    lines += [
         f"| head | teacher-forced tau | TF greedy tau | measured tau | Selector tau (k={k}) | agreement@{k} "
         f"| coverage@{k} | prefix ECE raw -> calibrated | generate tok/s | speculative tok/s | speedup "
-        "| draft / verify ms per step | outputs equal |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        + ("| speedup, cost-model schedule (drafts verified per step) " if scheduled else "")
+        + "| draft / verify ms per step | outputs equal |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|" + ("---:|" if scheduled else "") + "---:|---|",
     ]
     for r in rows:
         w = r["wall_clock"]
@@ -134,11 +150,22 @@ def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
             f"({r['measured_mode']}) | {_fmt(r['measured_selector_tau'])} | {_fmt(r['agreement_at_k'])} "
             f"| {_fmt(r['coverage_at_k'])} | {_fmt(r['ece_before'], 4)} -> {_fmt(r['ece_after'], 4)} "
             f"| {w['baseline_tokens_per_second']:.1f} | {w['speculative_tokens_per_second']:.1f} | {w['speedup']:.2f}x "
-            f"| {draft:.1f} / {phases['verify']:.1f} "
-            f"| {'yes' if w['outputs_equal'] else 'NO: prompts ' + str(w['mismatches'])} |"
+            + (_scheduled_cell(r["wall_clock_scheduled"]) if scheduled else "")
+            + f"| {draft:.1f} / {phases['verify']:.1f} "
+            f"| {'yes' if not _mismatches(r) else 'NO: prompts ' + str(_mismatches(r))} |"
         )
     lines += ["", *break_even(rows), "", *[f"![{Path(p).stem}]({p})" for p in plots], ""]
     return "\n".join(lines)
+
+
+def _scheduled_cell(w: dict) -> str:
+    return f"| {w['speedup']:.2f}x ({w['mean_verified']:.2f}) "
+
+
+def _mismatches(row: dict) -> list[int]:
+    """Prompts whose output differed from ``generate`` in either timing."""
+    both = [row["wall_clock"], row.get("wall_clock_scheduled", {})]
+    return sorted({i for w in both for i in w.get("mismatches", [])})
 
 
 def break_even(rows: list[dict]) -> list[str]:
@@ -177,6 +204,7 @@ def report_smollm2_command(
     fit_args: list[str] = [],  # noqa: B006
     reuse_runs: bool = False,
     packed_verify: bool = False,
+    cost_model: bool = False,
 ) -> list[dict]:
     """Train every head on the SmolLM2-135M recipe; measured tau and wall clock against the target's generate.
 
@@ -196,6 +224,8 @@ def report_smollm2_command(
             is validated and measured from that checkpoint instead of trained again (a report in several sittings)
         packed_verify: time the speculative runs with the verify forward on oneDNN-packed weights
             (``decoding.kernels``); the ``generate`` baseline keeps the default kernels
+        cost_model: also time each head with the verify length scheduled by the confidence head and the measured
+            verify cost T(n) = t0 + t1 * n (``decode --cost_model``), a second speedup column
     """
     if reuse_runs and not runs_dir:
         raise ValueError("--reuse_runs true needs --runs_dir: the directory whose finished runs are reused")
@@ -228,7 +258,7 @@ def report_smollm2_command(
                     cli, checkpoint = fit_head(runs, head, args.steps, extra)
                 row = evaluate_head(
                     cli, checkpoint, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
-                    max_blocks=args.max_blocks, packed_verify=args.packed_verify,
+                    max_blocks=args.max_blocks, packed_verify=args.packed_verify, cost_model=args.cost_model,
                 )  # fmt: skip
             row.update(
                 head=head, block_size=cli.model.drafter.config.block_size, command=args.command, steps=args.steps

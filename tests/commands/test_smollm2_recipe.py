@@ -162,16 +162,20 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     )
     assert results["command"].startswith(made_by) and results["rows"][0]["command"] == results["command"]
     assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "acceptance_per_slot.png").is_file()
-    # a second sitting reuses the finished run (validated, not trained again) and times the packed verify kernels
+    # a second sitting reuses the finished run (validated, not trained again), times the packed verify kernels and
+    # the cost-model schedule
     again = cli_main(
         ["report-smollm2", "--output", str(tmp_path / "report"), "--heads", "[vanilla]", "--steps", "2"]
         + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]
-        + ["--reuse_runs", "true", "--packed_verify", "true"]
+        + ["--reuse_runs", "true", "--packed_verify", "true", "--cost_model", "true"]
         + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]
     )
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")  # still the one run
     assert again[0]["teacher_tau"] == pytest.approx(row["teacher_tau"], rel=1e-6)
     assert again[0]["wall_clock"]["packed_verify"] and again[0]["wall_clock"]["outputs_equal"]
+    scheduled = again[0]["wall_clock_scheduled"]
+    assert scheduled["outputs_equal"] and scheduled["cost_model"] and 1.0 <= scheduled["mean_verified"] <= 8.0
+    assert "cost-model schedule" in (tmp_path / "report" / "report.md").read_text()
     # the decode command on the cache-trained checkpoint loads the whole target (greedy: identical to generate)
     decoded = cli_main(
         ["decode", "--ckpt_path", str(ckpt), "--num_prompts", "1", "--max_new_tokens", "6", "--packed_verify", "true"]
