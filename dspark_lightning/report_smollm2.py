@@ -70,9 +70,10 @@ def finished_run(runs: Path, head: str, steps: int) -> Path | None:
 
 
 def validate_head(checkpoint: Path, head: str, extra: Sequence[str]):
-    """(the CLI object of a ``validate`` of ``checkpoint``, the checkpoint): the fit's last validation, not rerun."""
-    args = ["validate", *head_configs(head), "--trainer.logger=false", *extra, f"--ckpt_path={checkpoint}"]
-    return lightning_main(args), str(checkpoint)
+    """(the CLI object of a ``validate`` of ``checkpoint``, the checkpoint): the fit's last validation, rerun."""
+    with tempfile.TemporaryDirectory(prefix="dspark-validate-") as scratch:  # the CLI's config.yaml goes here
+        args = ["validate", *head_configs(head), "--trainer.logger=false", f"--trainer.default_root_dir={scratch}"]
+        return lightning_main([*args, *extra, f"--ckpt_path={checkpoint}"]), str(checkpoint)
 
 
 def evaluate_head(
