@@ -16,6 +16,7 @@ alternately prompt by prompt in one process, with the outputs checked equal, and
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -99,6 +100,7 @@ def evaluate_head(
     if not wall_clock:
         return row
     prompts = cli.datamodule.eval_prompts()[:num_prompts]
+    row["load_average"] = os.getloadavg()[0]  # the machine is shared: the 1-minute load when the timing starts
     timing = measure_speedup(
         online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
         packed_verify=packed_verify,
@@ -186,7 +188,8 @@ def break_even(rows: list[dict]) -> list[str]:
             f"- {r['head']}: one speculative step costs {step_ms:.0f} ms (drafter "
             f"{w['phase_ms_per_step']['draft_backbone'] + w['phase_ms_per_step']['draft_head']:.0f} ms), one "
             f"`generate` token {1e3 / w['baseline_tokens_per_second']:.0f} ms: break-even at tau = {needed:.2f}, "
-            f"measured {w['tau']:.2f}."
+            f"measured {w['tau']:.2f}"
+            + (f" (load average {r['load_average']:.1f} on the 2 cores when timed)." if "load_average" in r else ".")
         )
     return lines
 
