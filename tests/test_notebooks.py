@@ -3,8 +3,9 @@
 Every notebook is a jupytext pair (``tutorials/README.md``): ``NAME.py`` in percent format is the source of truth and
 ``NAME.ipynb`` is generated from it and committed without outputs. Each ``.ipynb`` is executed in a real Jupyter
 kernel with ``nbclient`` (what ``pytest --nbmake`` does), working directory = the notebook's directory as in Jupyter,
-runs into a per-test temporary directory (``DSPARK_TUTORIAL_DIR``); the analysis notebook gets two tiny runs made
-here (``DSPARK_RUN_DIR``). A notebook must leave nothing behind in the repository; a cell that hangs fails at the
+runs into a per-test temporary directory (``DSPARK_TUTORIAL_DIR``) with few training steps and decoding prompts
+(``DSPARK_TUTORIAL_STEPS``, ``DSPARK_TUTORIAL_PROMPTS``); the analysis notebook gets two tiny runs made here
+(``DSPARK_RUN_DIR``). A notebook must leave nothing behind in the repository; a cell that hangs fails at the
 client's per-cell timeout (how long the tutorials take is measured, not asserted: tests never check wall clock).
 """
 
@@ -63,16 +64,18 @@ def analysis_runs(tmp_path_factory) -> Path:
     """Two tiny finished runs (no Markov head, vanilla head) for the analysis notebook."""
     runs = tmp_path_factory.mktemp("analysis_runs")
     for head in ("none", "vanilla"):
-        cli_main(["fit", *demo_fit_args(runs, head=head, steps=30, val_samples=32, val_batches=4)])
+        cli_main(["fit", *demo_fit_args(runs, head=head, steps=30, val_samples=32, val_batches=4, eval_prompts=2)])
     return runs
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_executes(path, tmp_path, monkeypatch, request):
     monkeypatch.setenv("DSPARK_TUTORIAL_DIR", str(tmp_path))
-    # a few training steps per fit: this test checks that every cell runs (and the tutorials' own asserts hold, which
-    # compare decoders with each other, not against a quality bar), not how well a 200-step drafter learns
+    # a few training steps per fit and two prompts per decoding demo: this test checks that every cell runs (and the
+    # tutorials' own asserts hold, which compare decoders with each other, not against a quality bar), not how well a
+    # 200-step drafter learns or how precisely 8 prompts measure its tau
     monkeypatch.setenv("DSPARK_TUTORIAL_STEPS", "20")
+    monkeypatch.setenv("DSPARK_TUTORIAL_PROMPTS", "2")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     if path.parent.name == "notebooks":
         monkeypatch.setenv("DSPARK_RUN_DIR", str(request.getfixturevalue("analysis_runs")))

@@ -55,8 +55,10 @@ quiet_logs()  # Lightning's info lines and a few known, harmless warnings off
 # %matplotlib inline
 os.environ["WANDB_MODE"] = "offline"  # W&B writes a local run; no account, no network
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
-# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+# every fit's training steps and the validation prompts each decoding demo runs; the notebook tests set a few of each
+# (they check that the tutorial runs and its decoders agree, not what it learns)
 STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "300"))
+PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "4"))
 print("repository:", REPO)
 print("this tutorial writes into:", WORK)
 
@@ -105,6 +107,7 @@ args = [
     f"--trainer.val_check_interval={STEPS // 2}",
     "--trainer.limit_val_batches=8",
     "--data.limit_val_samples=64",
+    f"--data.num_eval_prompts={PROMPTS}",  # the decoding callback's prompts: the first few of these
     f"--trainer.logger={json.dumps(loggers)}",
 ]  # fmt: skip
 cli = cli_main(args)
@@ -183,7 +186,7 @@ display(Image(filename=sorted((run_dir / "plots").glob("val_confidence_reliabili
 
 # %%
 ckpt = run_dir / "checkpoints" / "last.ckpt"
-rows = cli_main(["decode", "--ckpt_path", str(ckpt), "--num_prompts", "4", "--max_new_tokens", "48"])
+rows = cli_main(["decode", "--ckpt_path", str(ckpt), "--num_prompts", str(PROMPTS), "--max_new_tokens", "48"])
 
 # %% [markdown]
 # The same checkpoint re-validates with `dspark-lightning validate --config <run>/config.yaml --ckpt_path <ckpt>` and

@@ -56,8 +56,10 @@ quiet_logs()  # Lightning info lines and known harmless warnings off
 # %matplotlib inline
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
 HEADS = ["none", "vanilla", "gated", "rnn"]
-# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+# every fit's training steps and the validation prompts each decoding demo runs; the notebook tests set a few of each
+# (they check that the tutorial runs and its decoders agree, not what it learns)
 STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "200"))
+PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "8"))
 
 # %% [markdown]
 # `demo_fit_args` (from `dspark_lightning.analysis`, shared with `dspark-lightning report`) builds the same kind of
@@ -66,7 +68,7 @@ STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "200"))
 
 # %%
 print((REPO / "configs/heads/gated.yaml").read_text())
-print(shell_command(["fit", *demo_fit_args(WORK, head="gated", steps=STEPS)]))
+print(shell_command(["fit", *demo_fit_args(WORK, head="gated", steps=STEPS, eval_prompts=PROMPTS)]))
 
 # %% [markdown]
 # ## Train the four variants
@@ -79,7 +81,7 @@ print(shell_command(["fit", *demo_fit_args(WORK, head="gated", steps=STEPS)]))
 results, per_slot, greedy_per_slot, logs = {}, {}, {}, {}
 for head in HEADS:
     start = time.perf_counter()
-    cli = cli_main(["fit", *demo_fit_args(WORK, head=head, steps=STEPS)])
+    cli = cli_main(["fit", *demo_fit_args(WORK, head=head, steps=STEPS, eval_prompts=PROMPTS)])
     seconds = time.perf_counter() - start
     module, values = cli.model, cli.model.last_validation
     mode = "parallel" if module.drafter.markov_head is None else "markov"

@@ -56,8 +56,10 @@ torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off
 # %matplotlib inline
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
-# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+# every fit's training steps and the validation prompts each decoding demo runs; the notebook tests set a few of each
+# (they check that the tutorial runs and its decoders agree, not what it learns)
 STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "200"))
+PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "8"))
 
 # %% [markdown]
 # ## 1. The equivalences, on a random head
@@ -130,7 +132,7 @@ print(f"gate = 1: pair scores identical: {same_scores}, sequential tokens identi
 # metrics) and keeps what the Selector needs: base logits, hidden states, the anchors and the target's distribution.
 
 # %%
-cli = cli_main(["fit", *demo_fit_args(WORK, head="gated", steps=STEPS)])
+cli = cli_main(["fit", *demo_fit_args(WORK, head="gated", steps=STEPS, eval_prompts=PROMPTS)])
 module = cli.model
 head = module.drafter.markov_head
 blocks = collect_blocks(module, cli.datamodule.val_dataloader(), max_blocks=256)

@@ -51,8 +51,10 @@ torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off
 # %matplotlib inline
 WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="dspark-tutorial-"))
-# every fit's training steps; the notebook tests set a few (they check that the tutorial runs, not what it learns)
+# every fit's training steps and the validation prompts each decoding demo runs; the notebook tests set a few of each
+# (they check that the tutorial runs and its decoders agree, not what it learns)
 STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "300"))
+PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "8"))
 
 # %% [markdown]
 # ## Train a drafter with a confidence head
@@ -63,7 +65,7 @@ STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "300"))
 # signed bias of `a_n` against the observed prefix acceptance.
 
 # %%
-cli = cli_main(["fit", *demo_fit_args(WORK, steps=STEPS)])
+cli = cli_main(["fit", *demo_fit_args(WORK, steps=STEPS, eval_prompts=PROMPTS)])
 module = cli.model
 names = ["mean_confidence", "mean_alpha", "mean_abs_error", "ece", "prefix_ece", "prefix_survival_bias"]
 metrics = cli.trainer.callback_metrics

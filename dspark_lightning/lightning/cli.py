@@ -21,6 +21,7 @@ arguments: a model argument whose value differs from the checkpoint's hyper-para
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 from jsonargparse import set_parsing_settings
@@ -95,18 +96,29 @@ def _flat_options(values: dict, prefix: str = "") -> dict:
     return flat
 
 
+def wants_help(argv: Sequence[str]) -> bool:
+    """Whether a command line prints option help: ``-h``/``--help``, ``--<key>.help CLASS`` or commented config."""
+    return any(
+        arg in ("-h", "--help") or arg.endswith(".help") or (arg.startswith("--print_config") and "comments" in arg)
+        for arg in argv
+    )
+
+
 def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: str | None = None) -> DSparkCLI:
     """``fit`` / ``validate`` / ``test`` (``args`` as on the command line, default ``sys.argv[1:]``); the CLI object.
 
     ``run=False`` parses and builds the model, data module and trainer without running a subcommand (no subcommand
     word in ``args`` then).
     """
-    # the config groups document each field by a string under it (lightning/config.py): show those in --help
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    argv = sys.argv[1:] if args is None else list(args)
+    # the config groups document each field by a string under it (lightning/config.py): show those in --help. Reading
+    # them parses the source of every class on the command line (the Trainer's too) for each subcommand, about 1.5 s a
+    # call, and only help text uses them, so only a call that prints help reads them.
+    set_parsing_settings(docstring_parse_attribute_docstrings=wants_help(argv))
     return DSparkCLI(
         DSparkModule,
         ShareGPTDataModule,
-        args=None if args is None else list(args),
+        args=None if args is None else argv,
         run=run,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": False},

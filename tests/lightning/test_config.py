@@ -1,4 +1,4 @@
-"""The config groups of DSparkModule: old flat checkpoints migrate field by field, every field is documented."""
+"""The config groups of DSparkModule: old flat checkpoints migrate field by field, every field is documented in --help."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from dspark_lightning.cli import cli_main
+from dspark_lightning.lightning.cli import wants_help
 from dspark_lightning.lightning.config import GROUPS, LossArgs, TargetArgs, TrainingArgs, as_group, migrate_hparams
 from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
 
@@ -102,3 +104,13 @@ def test_every_config_field_has_one_attribute_docstring(cls):
         and isinstance(after.value.value, str)
     }
     assert documented == {f.name for f in dataclasses.fields(cls)}
+
+
+def test_fit_help_shows_the_field_docstrings(capsys):
+    """Only a command line that prints help reads the docstrings (reading them costs every parse a second or more)."""
+    assert not wants_help(["fit", "--config", "configs/quickstart.yaml", "--print_config"])
+    assert all(wants_help(["fit", *a]) for a in (["-h"], ["--print_config=comments"], ["--model.help", "X"]))
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--help"])
+    assert exit_info.value.code == 0
+    assert " ".join(capsys.readouterr().out.split()).count("Tokens per draft block B (>= 2)") == 1
