@@ -50,7 +50,7 @@ def test_notebook_matches_its_source_and_has_no_outputs(path):
     cells = [(c.cell_type, c.source) for c in notebook.cells]
     assert cells == [(c.cell_type, c.source) for c in source.cells], (
         f"{path.name} is out of sync with {path.with_suffix('.py').name}: run "
-        f"`jupytext --sync {path.with_suffix('.py').relative_to(ROOT)}`"
+        f"`jupytext --to ipynb --update {path.with_suffix('.py').relative_to(ROOT)} -o {path.relative_to(ROOT)}`"
     )
     code = [c for c in notebook.cells if c.cell_type == "code"]
     assert code and all(c.outputs == [] and c.execution_count is None for c in code), (
