@@ -104,7 +104,7 @@ def test_greedy_continuation_of_a_validation_prompt_is_deterministic_and_as_stor
 
 
 def test_grown_smollm2_split_extends_the_report_split_and_stays_held_out():
-    # reports/smollm2_longer trains on the grown split; reports/smollm2 on its first 378 lines (a resumed regeneration)
+    # reports/smollm2_longer trains on the grown split; reports/smollm2_400steps on its first 378 lines (a resumed regeneration)
     smollm2 = ASSETS / "smollm2"
     report = (smollm2 / "regenerated" / "train-00000.jsonl").read_bytes()
     grown = (smollm2 / "regenerated-951" / "train-00000.jsonl").read_bytes()
