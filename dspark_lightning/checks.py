@@ -16,17 +16,18 @@ class NonFiniteError(FloatingPointError):
     """A loss, gradient or stored tensor holds NaN or infinity."""
 
 
-def read_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> dict:
+def read_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path", mmap: bool = False) -> dict:
     """``torch.load(weights_only=True)`` of a Lightning checkpoint, with errors that name ``option`` and the file.
 
     Checkpoints hold only plain data (dicts, lists, numbers, strings and tensors), so nothing else is unpickled.
+    ``mmap`` maps the tensors instead of reading them (for a look at the metadata of a large checkpoint).
     """
     path = Path(path)
     if not path.is_file():
         kind = "is a directory, not a checkpoint file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"{option} {str(path)!r} {kind}")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - torch's own message suggests weights_only=False, which we never use
         first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise ValueError(

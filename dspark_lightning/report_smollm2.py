@@ -64,7 +64,7 @@ def finished_run(runs: Path, head: str, steps: int) -> Path | None:
     """The newest ``last.ckpt`` under runs/<head>/ that reached ``steps`` optimizer steps, if any."""
     found = []
     for path in (runs / head).glob("version_*/checkpoints/last.ckpt"):
-        step = read_checkpoint(path).get("global_step")
+        step = read_checkpoint(path, "--reuse_runs", mmap=True).get("global_step")  # mmap: no tensor is read
         if step == steps:
             found.append(path)
     return max(found, key=lambda p: p.stat().st_mtime, default=None)

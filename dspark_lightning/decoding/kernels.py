@@ -1,8 +1,8 @@
 """Packed small-batch linear kernels for the verify forward of a CPU target.
 
 A verify forward pushes B + 1 tokens (2-17) through the target. On an AVX2 CPU MKL's fp32 GEMM at such a small M
-repacks every weight matrix on every call, so a 9-token forward of SmolLM2-135M costs about 1.7x a 1-token
-``generate`` step although both are bound by reading the same weights (benchmarks/results/verify_kernels.md).
+repacks every weight matrix on every call, so a 9-token forward of SmolLM2-135M costs about 2x a 1-token
+``generate`` step (2.06x measured) although both are bound by reading the same weights (benchmarks/results/verify_kernels.md).
 oneDNN with the weights reordered once into its blocked layout (what inductor's CPU freezing does) skips the
 repacking. ``PackedLinears`` holds those reordered weights for every ``nn.Linear`` of the target's decoder and,
 inside ``with``, routes those layers through them; outside, the model is untouched, so the ``generate`` baseline
@@ -72,7 +72,6 @@ class PackedLinears:
                     f"packed_verify packs float32 CPU weights; {type(module).__name__} has a {weight.dtype} weight "
                     f"on {weight.device}: decode without packed_verify"
                 )
-        self.batch_hint = batch_hint
         self.packed = [_packed_weight(linear, batch_hint) for linear in self.linears]
 
     def __enter__(self) -> PackedLinears:

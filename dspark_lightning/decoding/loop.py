@@ -166,7 +166,11 @@ def speculative_generate(
     body_forward = body.forward if body is not None else model.forward
     base_cache_kwarg = "cache" if "cache" in inspect.signature(body_forward).parameters else "past_key_values"
     # The verify forward only (2..B+1 rows): the prompt forward keeps the default kernels, tuned for long inputs.
-    packed = PackedLinears(body if body is not None else model, drafter.block_size + 1) if packed_verify else None
+    verify_kernels = (
+        PackedLinears(body if body is not None else model, drafter.block_size + 1)
+        if packed_verify
+        else contextlib.nullcontext()
+    )
     own_head = False  # set by the prefill: True when logits == head(final hidden state), checked on the real output
 
     def prefill(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +201,7 @@ def speculative_generate(
         """
         positions = torch.arange(start, start + tokens.shape[1], device=device)[None]
         kwargs = dict(input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True)
-        with packed if packed is not None else contextlib.nullcontext():
+        with verify_kernels:
             if own_head:
                 out = body(**kwargs, **{base_cache_kwarg: cache})
             else:

@@ -104,3 +104,7 @@ def test_the_verify_cost_model_times_the_packed_forward():
     t0, t1 = measure_verify_cost(model, prompt_length=8, max_block=3, repeats=2, packed_verify=True)
     assert t0 > 0 and t1 >= 0
     assert not any("forward" in m.__dict__ for m in model.modules())
+    # the packed path is really taken: it refuses what PackedLinears refuses, where the default path would time it
+    measure_verify_cost(model.double(), prompt_length=8, max_block=2, repeats=1)
+    with pytest.raises(ValueError, match="torch.float64 weight"):
+        measure_verify_cost(model, prompt_length=8, max_block=2, repeats=1, packed_verify=True)
