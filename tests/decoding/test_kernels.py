@@ -88,7 +88,8 @@ def test_greedy_decoding_on_packed_verify_kernels_equals_generate(mode):
     drafter = DSparkDrafter.for_target(config, target).eval()
     g = torch.Generator().manual_seed(1)
     for trial in range(4):
-        prompt = torch.randint(1, 47, (1, 4 + trial), generator=g)  # generate masks pad id 0 in a prompt
+        prompt = torch.randint(0, 47, (1, 4 + trial), generator=g)
+        prompt[0, 1] = 0  # the pad id inside a prompt: the reference must still attend to it
         reference = greedy_reference(model, prompt, 11, eos=[])
         default, _ = speculative_generate(target, drafter, prompt, 11, mode=mode, k=4, eos_token_id=[])
         packed, stats = speculative_generate(

@@ -57,6 +57,13 @@ def bigram_setup(
 
 
 def greedy_reference(model, prompt, max_new_tokens, eos):
+    # An explicit all-ones mask: without one, generate infers it from pad_token_id and masks every prompt token 0.
     return model.generate(
-        prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0, min_new_tokens=0
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        min_new_tokens=0,
     )
