@@ -42,6 +42,7 @@ Method: measure at small scale, then extrapolate with a formula whose terms are 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import json
 import os
@@ -154,7 +155,8 @@ def packed_row(seq_len: int, vocab: int, device: str, doc_len: int = 512) -> dic
 def measure(module, shape: Shape, seq_len: int, anchors: int, device: str) -> dict[str, float]:
     """Dynamic peak bytes and seconds of the target forward and of the drafter step (features in the batch)."""
     batch = packed_row(seq_len, shape.vocab, device)
-    module.drafter.config.max_anchors = anchors  # the module samples the training anchors with the drafter's config
+    # the module samples the training anchors with the drafter's config
+    module.drafter.config = dataclasses.replace(module.drafter.config, max_anchors=anchors)
     cuda = device.startswith("cuda")
 
     def target_forward():

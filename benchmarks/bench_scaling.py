@@ -26,6 +26,7 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import os
 import statistics
@@ -110,7 +111,8 @@ def measure(module, batch: dict, features: dict, anchors: int, repeats: int, ada
     from dspark_lightning.metrics import AcceptanceMetrics
     from dspark_lightning.models import TargetFeatures
 
-    module.drafter.config.max_anchors = anchors  # the module samples the training anchors with the drafter's config
+    # the module samples the training anchors with the drafter's config
+    module.drafter.config = dataclasses.replace(module.drafter.config, max_anchors=anchors)
     batch = {**batch, **features}  # the offline-cache path of ``shared_step``
     if not hasattr(module, "target_features"):  # a module without that path: serve them from the target instead
         cached = TargetFeatures(features["context_features"], features["final_hidden"])

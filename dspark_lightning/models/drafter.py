@@ -44,9 +44,11 @@ from dspark_lightning.models.vocab import DraftVocab
 MARKOV_PREV = ("teacher", "own")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DrafterConfig:
-    """Everything that defines a drafter besides the target it drafts for (``--model.drafter.*`` in the CLI)."""
+    """Everything that defines a drafter besides the target it drafts for (``--model.drafter.*`` in the CLI).
+
+    Frozen: a drafter's config never changes under it; derive a variant with ``dataclasses.replace``."""
 
     block_size: int = 8
     """Tokens per draft block B (>= 2); linked into the data module."""
@@ -94,9 +96,10 @@ class DrafterConfig:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.max_anchors < 1:
             raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
-        self.markov_head = MarkovHeadConfig.coerce(self.markov_head)
-        if self.markov_head is not None and self.markov_head.rank == 0:
-            self.markov_head = None  # rank 0 means "no head", as in the DSpark CLI
+        markov_head = MarkovHeadConfig.coerce(self.markov_head)
+        if markov_head is not None and markov_head.rank == 0:
+            markov_head = None  # rank 0 means "no head", as in the DSpark CLI
+        object.__setattr__(self, "markov_head", markov_head)  # the one normalisation a frozen config allows itself
         if self.confidence_head and self.confidence_with_markov and self.markov_head is None:
             raise ValueError(
                 "confidence_with_markov=True needs a Markov head: set confidence_with_markov: false "
