@@ -12,8 +12,23 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dspark_lightning.losses import DEFAULT_LK_ETA, DEFAULT_NLA_ALPHA_MIN
+from dspark_lightning.losses import (
+    DEFAULT_LK_ETA,
+    DEFAULT_NLA_ALPHA_MIN,
+    WEIGHT_SCHEMES,
+    validate_loss_options,
+    validate_spec,
+)
 from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
+from dspark_lightning.models.backbone import ANCHOR_BUDGETS
+from dspark_lightning.selector.training import CANDIDATE_LOSS_RULES
+
+TARGET_FEATURES = ("online", "cache")
+
+
+def _check_choice(group: str, name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"model.{group}.{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,9 @@ class TargetArgs:
     features: Literal["online", "cache"] = "online"
     """``online``: run the target every step; ``cache``: features come with the batch from an offline cache
     (``data.train_cache``), and only the target's embedding and LM head are loaded."""
+
+    def __post_init__(self) -> None:
+        _check_choice("target", "features", self.features, TARGET_FEATURES)
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,18 @@ class LossArgs:
     candidate_rule: str = "replace_kth"
     """``replace_kth`` or ``exclude``: what the candidate loss does when the true token is outside the top-k."""
 
+    def __post_init__(self) -> None:
+        # a bad loss fails when the group is built (CLI parse, checkpoint load), before any target is read
+        validate_spec(dict(self.weights))
+        validate_loss_options(self.lk_eta, self.nla_alpha_min)
+        _check_choice("loss", "position_weighting", self.position_weighting, WEIGHT_SCHEMES)
+        _check_choice("loss", "candidate_rule", self.candidate_rule, CANDIDATE_LOSS_RULES)
+        if self.candidate_weight < 0 or self.candidate_k < 1:
+            raise ValueError(
+                f"model.loss.candidate_weight must be >= 0 and candidate_k >= 1, got {self.candidate_weight!r} "
+                f"and {self.candidate_k!r}"
+            )
+
 
 @dataclass(frozen=True)
 class TrainingArgs:
@@ -73,6 +103,9 @@ class TrainingArgs:
     """Warm-up steps of the default warm-up + cosine schedule."""
     compile: bool = False
     """``torch.compile`` the draft backbone."""
+
+    def __post_init__(self) -> None:
+        _check_choice("training", "anchor_budget", self.anchor_budget, ANCHOR_BUDGETS)
 
 
 GROUPS = {"target": TargetArgs, "drafter": DrafterConfig, "loss": LossArgs, "training": TrainingArgs}

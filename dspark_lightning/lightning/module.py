@@ -48,21 +48,14 @@ from dspark_lightning.lightning.frozen_state import TrainableStateCheckpoints
 from dspark_lightning.lightning.guards import NonFiniteGuard
 from dspark_lightning.lightning.optim import default_optimizer, warmup_cosine_schedule
 from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_metrics, step_output
-from dspark_lightning.losses import validate_loss_options, validate_spec
+from dspark_lightning.losses import validate_spec
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget
-from dspark_lightning.models.backbone import (
-    ANCHOR_BUDGETS,
-    anchor_coverage_counts,
-    evaluation_anchors,
-    sample_anchors,
-)
+from dspark_lightning.models.backbone import anchor_coverage_counts, evaluation_anchors, sample_anchors
 from dspark_lightning.models.target import TargetHeads
 from dspark_lightning.models.vocab import load_draft_vocab
 
 log = logging.getLogger(__name__)
-
-TARGET_FEATURES = ("online", "cache")
 
 
 class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule):
@@ -96,9 +89,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         self.save_hyperparameters(
             {name: as_hparams(group) for name, group in zip(GROUPS, (target, drafter, loss, training), strict=True)}
         )
-        # bad specs and options fail here, before the target is loaded
-        self.loss_spec = validate_spec(dict(loss.weights))
-        validate_loss_options(loss.lk_eta, loss.nla_alpha_min)
+        self.loss_spec = validate_spec(dict(loss.weights))  # canonical order (the group checked it when built)
         self.target_args, self.loss_args, self.training_args = target, loss, training
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -106,10 +97,6 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
 
         # "auto": the checkpoint's own dtype, which from_pretrained reads
         dtype = "auto" if target.dtype == "auto" else torch_dtype(target.dtype, (*DTYPES, "auto"), what="target.dtype")
-        if target.features not in TARGET_FEATURES:
-            raise ValueError(f"target.features must be one of {TARGET_FEATURES}, got {target.features!r}")
-        if training.anchor_budget not in ANCHOR_BUDGETS:
-            raise ValueError(f"training.anchor_budget must be one of {ANCHOR_BUDGETS}, got {training.anchor_budget!r}")
         target_class = TargetHeads if target.features == "cache" else FrozenTarget
         self.target = target_class.from_pretrained(
             target.path,

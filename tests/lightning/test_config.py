@@ -114,3 +114,36 @@ def test_fit_help_shows_the_field_docstrings(capsys):
         cli_main(["fit", "--help"])
     assert exit_info.value.code == 0
     assert " ".join(capsys.readouterr().out.split()).count("Tokens per draft block B (>= 2)") == 1
+
+
+@pytest.mark.parametrize(
+    ("build", "option"),
+    [
+        (lambda: TargetArgs(features="offline"), "model.target.features"),
+        (lambda: LossArgs(position_weighting="linear"), "model.loss.position_weighting"),
+        (lambda: LossArgs(candidate_rule="drop"), "model.loss.candidate_rule"),
+        (lambda: LossArgs(candidate_k=0), "candidate_k"),
+        (lambda: LossArgs(weights={"kl": float("nan")}), "'kl'"),
+        (lambda: TrainingArgs(anchor_budget="per_row"), "model.training.anchor_budget"),
+    ],
+)
+def test_a_group_refuses_a_bad_field_when_built_naming_the_option(build, option):
+    with pytest.raises(ValueError, match=option.replace(".", r"\.")):
+        build()
+
+
+def test_a_bad_group_field_fails_when_the_cli_builds_the_model(tmp_path):
+    with pytest.raises(ValueError, match=r"model\.loss\.position_weighting"):
+        cli_main(["fit", "--model.loss.position_weighting=linear", "--trainer.logger=false",
+                  "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+
+
+def test_drafter_config_is_frozen_and_replace_renormalises_it():
+    config = DrafterConfig(markov_head={"kind": "gated", "rank": 0}, confidence_with_markov=False)
+    assert config.markov_head is None  # rank 0 = no head
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.block_size = 4
+    gated = dataclasses.replace(config, markov_head={"kind": "gated", "rank": 8})
+    assert gated.markov_head == MarkovHeadConfig(kind="gated", rank=8) and config.markov_head is None
+    with pytest.raises(ValueError, match="block_size must be >= 2"):  # replace validates like the constructor
+        dataclasses.replace(config, block_size=1)
