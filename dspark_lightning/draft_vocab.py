@@ -99,6 +99,21 @@ def verifier_vocab_size(tokenizer_name: str, tokenizer, trust_remote_code: bool 
         return len(tokenizer)
 
 
+def _supervised_counts(tokenizer: str, data, seq_len: int, batch_size: int, max_rows, vocab_size, **data_options):
+    """(counts [V] of the loss-masked tokens of ``data``, the data module that read them, V)."""
+    dm = ShareGPTDataModule(
+        tokenizer, train_files=data, seq_len=seq_len, batch_size=batch_size, shuffle_buffer=0, block_size=0,
+        **data_options,
+    )  # fmt: skip
+    dm.setup("fit")  # every data file sniffed before counting
+    V = vocab_size or verifier_vocab_size(tokenizer, dm.tokenizer, data_options.get("trust_remote_code", False))
+    loader = dm.train_dataloader(rank=0, world_size=1)
+    counts = count_tokens(loader if max_rows is None else _limit_rows(loader, max_rows), V)
+    if int(counts.sum()) == 0:  # a vocabulary "covering 0% of 0 tokens" would be useless, not a result
+        raise ValueError(f"--data {data!r}: no supervised token to count (skipped records: {dm.bad_record_counts()})")
+    return counts, dm, V
+
+
 def build_draft_vocab(
     tokenizer: str,
     data: str | Sequence[str],
@@ -112,24 +127,17 @@ def build_draft_vocab(
     mask_token: str | None = None,
     trust_remote_code: bool = False,
     chat_template_kwargs: dict | None = None,
+    held_out: str | Sequence[str] | None = None,
 ) -> tuple[DraftVocab, torch.Tensor, dict]:
-    """Count the loss-masked tokens of ``data`` and select the draft vocabulary; returns (vocab, counts, summary)."""
-    dm = ShareGPTDataModule(
-        tokenizer,
-        train_files=data,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        shuffle_buffer=0,
-        block_size=0,
-        trust_remote_code=trust_remote_code,
-        mask_token=mask_token,
-        chat_template_kwargs=chat_template_kwargs,
+    """Count the loss-masked tokens of ``data`` and select the draft vocabulary; returns (vocab, counts, summary).
+
+    ``held_out``: data the vocabulary is *not* built from; the summary adds its coverage there (``held_out_coverage``),
+    which is what drafting unseen conversations meets, while ``coverage`` is measured on the data it was chosen from.
+    """
+    options = dict(
+        mask_token=mask_token, trust_remote_code=trust_remote_code, chat_template_kwargs=chat_template_kwargs
     )
-    dm.setup("fit")  # every data file sniffed before counting
-    V = vocab_size or verifier_vocab_size(tokenizer, dm.tokenizer, trust_remote_code)
-    loader = dm.train_dataloader(rank=0, world_size=1)
-    batches = loader if max_rows is None else _limit_rows(loader, max_rows)
-    counts = count_tokens(batches, V)
+    counts, dm, V = _supervised_counts(tokenizer, data, seq_len, batch_size, max_rows, vocab_size, **options)
     try:
         mask_id = dm.mask_token_id
     except ValueError:
@@ -137,18 +145,21 @@ def build_draft_vocab(
     forced = sorted(set(special_token_ids(dm.tokenizer, V, mask_id)) | {int(i) for i in always_include})
     vocab = select_draft_vocab(counts, size, forced)
     total = int(counts.sum())
-    if total == 0:  # a vocabulary "covering 0% of 0 tokens" would be useless, not a result
-        raise ValueError(f"--data {data!r}: no supervised token to count (skipped records: {dm.bad_record_counts()})")
     summary = {
         "tokenizer": tokenizer,
         "verifier_vocab_size": V,
         "draft_vocab_size": size,
         "supervised_tokens": total,
         "distinct_tokens": int((counts > 0).sum()),
-        "coverage": float(counts[vocab.d2t].sum()) / total if total else 0.0,
+        "coverage": float(counts[vocab.d2t].sum()) / total,
         "always_include": forced,
         "bad_records": dm.bad_record_counts("train"),
     }
+    if held_out is not None:
+        held, held_dm, _ = _supervised_counts(tokenizer, held_out, seq_len, batch_size, None, V, **options)
+        summary["held_out_supervised_tokens"] = int(held.sum())
+        summary["held_out_coverage"] = float(held[vocab.d2t].sum()) / int(held.sum())
+        summary["held_out_bad_records"] = held_dm.bad_record_counts("train")
     return vocab, counts, summary
 
 
@@ -173,6 +184,7 @@ def draft_vocab_command(
     always_include: list[NonNegativeInt] = [],  # noqa: B006 (read only; jsonargparse shows it)
     mask_token: str | None = None,
     trust_remote_code: bool = False,
+    held_out: list[str] | str | None = None,
 ) -> dict:
     """Build a reduced draft vocabulary (d2t/t2d) from the assistant-token frequencies of a dataset.
 
@@ -187,6 +199,7 @@ def draft_vocab_command(
         always_include: extra token ids to force in
         mask_token: mask token when the tokenizer defines none
         trust_remote_code: let transformers run the tokenizer's own code
+        held_out: files / globs the vocabulary is not built from: also report its coverage there
     """
     vocab, counts, summary = build_draft_vocab(
         tokenizer,
@@ -198,14 +211,21 @@ def draft_vocab_command(
         always_include=always_include,
         mask_token=mask_token,
         trust_remote_code=trust_remote_code,
+        held_out=held_out,
     )
-    save_draft_vocab(vocab, output, counts, {k: v for k, v in summary.items() if k != "bad_records"})
+    save_draft_vocab(vocab, output, counts, {k: v for k, v in summary.items() if not k.endswith("bad_records")})
     summary["output"] = str(output)
     print(
         f"draft vocabulary of {summary['draft_vocab_size']} / {summary['verifier_vocab_size']} tokens covers "
         f"{summary['coverage']:.2%} of {summary['supervised_tokens']} supervised tokens "
         f"({summary['distinct_tokens']} distinct) -> {output}"
     )
-    if summary["bad_records"]:
-        print(f"skipped records: {summary['bad_records']}")
+    if held_out is not None:
+        print(
+            f"held-out coverage: {summary['held_out_coverage']:.2%} of {summary['held_out_supervised_tokens']} "
+            f"supervised tokens of {held_out!r} (not counted for the selection)"
+        )
+    for key in ("bad_records", "held_out_bad_records"):
+        if summary.get(key):
+            print(f"skipped records ({key.removesuffix('bad_records') or 'data '}): {summary[key]}")
     return summary

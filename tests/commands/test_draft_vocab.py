@@ -100,6 +100,29 @@ def test_cli_counts_assistant_tokens_and_writes_a_vocab_the_module_reads(tmp_pat
     assert torch.equal(load_draft_vocab(str(output), 2048).d2t, d2t)
 
 
+def test_held_out_coverage_is_measured_on_data_the_selection_never_saw(tmp_path, capsys):
+    write_corpus(tmp_path / "chats.jsonl")
+    held = tmp_path / "held.jsonl"  # other words: part of the held-out tokens are outside the vocabulary
+    turns = [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "Because the sky is blue, yes."}]
+    held.write_text(json.dumps({"id": "h0", "conversations": turns}) + "\n")
+    base = ["draft-vocab", "--tokenizer", DEMO, "--data", str(tmp_path / "chats.jsonl"), "--size", "24"]
+    plain = cli_main([*base, "--output", str(tmp_path / "a.safetensors")])
+    summary = cli_main([*base, "--output", str(tmp_path / "b.safetensors"), "--held_out", str(held)])
+
+    d2t = load_draft_vocab(str(tmp_path / "b.safetensors"), 2048).d2t
+    assert torch.equal(d2t, load_draft_vocab(str(tmp_path / "a.safetensors"), 2048).d2t)  # selection unchanged
+    assert summary["coverage"] == plain["coverage"]
+    tokenizer = AutoTokenizer.from_pretrained(DEMO)
+    encoded = ConversationEncoder(tokenizer).encode([{"role": "user", "content": "Why?"},
+                                                     {"role": "assistant", "content": turns[1]["value"]}])  # fmt: skip
+    supervised = [i for i, m in zip(encoded.input_ids, encoded.loss_mask) if m]
+    inside = sum(i in set(d2t.tolist()) for i in supervised)
+    assert summary["held_out_supervised_tokens"] == len(supervised)
+    assert summary["held_out_coverage"] == pytest.approx(inside / len(supervised))
+    assert 0 < inside < len(supervised)  # the case is not trivial
+    assert "held-out coverage" in capsys.readouterr().out
+
+
 def test_a_draft_vocab_run_trains_and_exports(tmp_path):
     target_dir = make_target_dir(tmp_path / "target")
     vocab_path = tmp_path / "draft_vocab.safetensors"
