@@ -44,7 +44,7 @@ def write_curves(runs: dict[str, Path], output: Path) -> list[dict]:
     rows = [row for name, path in runs.items() for row in validation_rows(name, path)]
     output.mkdir(parents=True, exist_ok=True)
     with open(output / "validation_curve.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["run", "step", *COLUMNS])
+        writer = csv.DictWriter(f, fieldnames=["run", "step", *COLUMNS], lineterminator="\n")
         writer.writeheader()
         writer.writerows({**r, **{k: f"{r[k]:.4f}" for k in COLUMNS}} for r in rows)
     fig, ax = plt.subplots(figsize=(6, 3.6))
