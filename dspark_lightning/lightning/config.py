@@ -75,7 +75,7 @@ class LossArgs:
     """``replace_kth`` or ``exclude``: what the candidate loss does when the true token is outside the top-k."""
 
     def __post_init__(self) -> None:
-        # a bad loss fails when the group is built (CLI parse, checkpoint load), before any target is read
+        # a bad loss fails when the group is built (the model instantiation, a checkpoint load), before any target is read
         validate_spec(dict(self.weights))
         validate_loss_options(self.lk_eta, self.nla_alpha_min)
         _check_choice("loss", "position_weighting", self.position_weighting, WEIGHT_SCHEMES)
