@@ -283,9 +283,7 @@ def regenerate(
     regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
     counts: Counter = Counter()
     already = len(writer.done_ids)
-    budget = None if limit is None else max(0, limit - already)
     batch: list[tuple[str, list[dict[str, str]]]] = []
-    taken = 0
 
     def flush() -> None:
         records = regenerator.regenerate_batch(batch, counts)
@@ -301,14 +299,16 @@ def regenerate(
         ordinal += 1  # jobs share out the records of this split
         if ordinal % num_jobs != job_index:
             continue  # another job's record
-        if budget is not None and taken >= budget:
+        if limit is not None and len(writer.done_ids) >= limit:
             break
         if identifier in writer.done_ids or any(identifier == b[0] for b in batch):
             counts["skipped_already_done"] += 1
             continue
         batch.append((identifier, messages))
-        taken += 1
-        if len(batch) >= batch_size:
+        # --limit counts records written: a batch asks for no more than are still wanted, and a conversation that
+        # yields no record (its prompt over max_prompt_tokens, say) leaves room for the next batch
+        wanted = batch_size if limit is None else min(batch_size, limit - len(writer.done_ids))
+        if len(batch) >= wanted:
             flush()
     if batch:
         flush()

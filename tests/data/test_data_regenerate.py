@@ -114,3 +114,22 @@ def test_regenerate_one_split_and_at_most_max_turns_replies(tmp_path, target):
     (lead_row,) = [r for r in written["train"] if r["id"] == lead_id]  # a reply to no prompt is skipped
     assert [t["from"] for t in lead_row["conversations"]] == ["human", "gpt"]
     assert summaries["train"]["skipped_reply_without_prompt"] == 1
+
+
+def test_limit_counts_records_written_not_conversations_tried(tmp_path, target):
+    model, tokenizer = target
+    long_prompt = "Explain this module in detail: " + "json " * 80  # over max_prompt_tokens: yields no record
+    rows = []
+    for i in range(9):
+        prompt = long_prompt if i % 3 == 0 else f"What does module number {i} do?"
+        rows.append(
+            {"id": f"r{i}", "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": "x"}]}
+        )
+    data = tmp_path / "in.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    kwargs = dict(max_new_tokens=4, batch_size=3, max_prompt_tokens=40, model=model, tokenizer=tokenizer)
+    summary = regenerate(str(DEMO_TARGET), str(data), tmp_path / "out", limit=5, **kwargs)
+    written = [r["id"] for r in read_records(tmp_path / "out")]
+    # r0, r3, r6 are dropped; the limit is met from the next conversations, in source order, and never overshot
+    assert written == ["r1", "r2", "r4", "r5", "r7"] and summary["records_after"] == 5
+    assert summary["dropped_no_regenerated_turn"] == 3
