@@ -114,3 +114,24 @@ def test_grown_smollm2_split_extends_the_report_split_and_stays_held_out():
         validate_record(record)
     validation = records_of([smollm2 / "regenerated" / "validation-00000.jsonl"])
     assert len({r["id"] for r in records}) == 951 and not {r["id"] for r in records} & {r["id"] for r in validation}
+
+
+def test_the_regenerated_training_split_continues_in_order_and_stays_held_out():
+    # regenerated-more holds the same resumed run past the 951: conversations 952-1284 (the extra data of
+    # reports/smollm2_3000steps), then 1285 onwards; every id is a training-split id, never a validation one
+    from dspark_lightning.data.splits import IdSplit
+
+    smollm2 = ASSETS / "smollm2"
+    first = records_of([smollm2 / "regenerated-951" / "train-00000.jsonl"])
+    more = [records_of([path]) for path in sorted((smollm2 / "regenerated-more").glob("train-*.jsonl"))]
+    assert [len(part) for part in more] == [333, 1716]
+    records = first + [r for part in more for r in part]
+    ids = [r["id"] for r in records]
+    assert len(set(ids)) == len(ids) == 3000
+    split = IdSplit(validation=0.02, test=0.02)
+    assert {split.split_of(i) for i in ids} == {"train"}
+    validation = records_of([smollm2 / "regenerated" / "validation-00000.jsonl"])
+    assert not set(ids) & {r["id"] for r in validation}
+    for record in records:
+        validate_record(record)
+        assert [t["from"] for t in record["conversations"]][-2:] == ["human", "gpt"]  # --max_turns 1: one reply
