@@ -42,8 +42,8 @@ Method: measure at small scale, then extrapolate with a formula whose terms are 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import csv
+import dataclasses
 import json
 import os
 import platform

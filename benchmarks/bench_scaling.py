@@ -26,8 +26,8 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import csv
+import dataclasses
 import os
 import statistics
 import time
