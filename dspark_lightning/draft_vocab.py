@@ -99,8 +99,11 @@ def verifier_vocab_size(tokenizer_name: str, tokenizer, trust_remote_code: bool 
         return len(tokenizer)
 
 
-def _supervised_counts(tokenizer: str, data, seq_len: int, batch_size: int, max_rows, vocab_size, **data_options):
-    """(counts [V] of the loss-masked tokens of ``data``, the data module that read them, V)."""
+def _supervised_counts(
+    tokenizer: str, data, seq_len: int, batch_size: int, max_rows, vocab_size, option: str = "--data", **data_options
+):
+    """(counts [V] of the loss-masked tokens of ``data``, the data module that read them, V); ``option`` names
+    ``data`` in errors."""
     dm = ShareGPTDataModule(
         tokenizer, train_files=data, seq_len=seq_len, batch_size=batch_size, shuffle_buffer=0, block_size=0,
         **data_options,
@@ -110,7 +113,7 @@ def _supervised_counts(tokenizer: str, data, seq_len: int, batch_size: int, max_
     loader = dm.train_dataloader(rank=0, world_size=1)
     counts = count_tokens(loader if max_rows is None else _limit_rows(loader, max_rows), V)
     if int(counts.sum()) == 0:  # a vocabulary "covering 0% of 0 tokens" would be useless, not a result
-        raise ValueError(f"--data {data!r}: no supervised token to count (skipped records: {dm.bad_record_counts()})")
+        raise ValueError(f"{option} {data!r}: no supervised token to count (skipped records: {dm.bad_record_counts()})")
     return counts, dm, V
 
 
@@ -156,7 +159,9 @@ def build_draft_vocab(
         "bad_records": dm.bad_record_counts("train"),
     }
     if held_out is not None:
-        held, held_dm, _ = _supervised_counts(tokenizer, held_out, seq_len, batch_size, None, V, **options)
+        held, held_dm, _ = _supervised_counts(
+            tokenizer, held_out, seq_len, batch_size, None, V, option="--held_out", **options
+        )
         summary["held_out_supervised_tokens"] = int(held.sum())
         summary["held_out_coverage"] = float(held[vocab.d2t].sum()) / int(held.sum())
         summary["held_out_bad_records"] = held_dm.bad_record_counts("train")

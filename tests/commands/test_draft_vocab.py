@@ -121,6 +121,10 @@ def test_held_out_coverage_is_measured_on_data_the_selection_never_saw(tmp_path,
     assert summary["held_out_coverage"] == pytest.approx(inside / len(supervised))
     assert 0 < inside < len(supervised)  # the case is not trivial
     assert "held-out coverage" in capsys.readouterr().out
+    no_reply = tmp_path / "no_reply.jsonl"  # nothing to count: the error names the file and why
+    no_reply.write_text(json.dumps({"id": "n", "conversations": [{"from": "human", "value": "Hi"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"no_assistant_turn: 1.*no_reply\.jsonl"):
+        cli_main([*base, "--output", str(tmp_path / "c.safetensors"), "--held_out", str(no_reply)])
 
 
 def test_a_draft_vocab_run_trains_and_exports(tmp_path):
