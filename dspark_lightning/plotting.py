@@ -52,12 +52,19 @@ def reliability_diagram(confidence: Sequence[float], observed: Sequence[float], 
 
 
 def xy_chart(
-    xs: Sequence[float], curves: Mapping[str, Sequence[float]], title: str, xlabel: str, ylabel: str, logx=False
+    xs: Sequence[float] | None,
+    curves: Mapping[str, Sequence[float]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx=False,
+    curve_xs: Mapping[str, Sequence[float]] | None = None,
 ):
-    """Generic line chart (coverage vs k, tau vs threshold, loss vs step ...)."""
+    """Generic line chart (coverage vs k, tau vs threshold, loss vs step ...); ``curve_xs`` gives a curve its own x
+    values (runs validated at different steps), else it uses ``xs``."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, ys in curves.items():
-        ax.plot(_values(xs), _values(ys), marker="o", label=name)
+        ax.plot(_values((curve_xs or {}).get(name, xs)), _values(ys), marker="o", label=name)
     if logx:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)

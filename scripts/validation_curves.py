@@ -36,10 +36,7 @@ def validation_rows(name: str, metrics_csv: Path) -> list[dict]:
 
 
 def write_curves(runs: dict[str, Path], output: Path) -> list[dict]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from dspark_lightning import plotting
 
     rows = [row for name, path in runs.items() for row in validation_rows(name, path)]
     output.mkdir(parents=True, exist_ok=True)
@@ -47,17 +44,16 @@ def write_curves(runs: dict[str, Path], output: Path) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=["run", "step", *COLUMNS], lineterminator="\n")
         writer.writeheader()
         writer.writerows({**r, **{k: f"{r[k]:.4f}" for k in COLUMNS}} for r in rows)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name in runs:
-        mine = [r for r in rows if r["run"] == name]
-        ax.plot([r["step"] for r in mine], [r["tf_greedy_tau"] for r in mine], marker="o", label=name)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("teacher-forced greedy tau (validation)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(output / "tau_vs_steps.png", dpi=110)
-    plt.close(fig)
+    mine = {name: [r for r in rows if r["run"] == name] for name in runs}
+    fig = plotting.xy_chart(
+        None,
+        {name: [r["tf_greedy_tau"] for r in run] for name, run in mine.items()},
+        "validation during training",
+        "optimizer step",
+        "teacher-forced greedy tau",
+        curve_xs={name: [r["step"] for r in run] for name, run in mine.items()},
+    )
+    plotting.save(fig, output / "tau_vs_steps.png")
     return rows
 
 
