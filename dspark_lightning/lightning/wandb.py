@@ -1,8 +1,9 @@
-"""A WandbLogger that is offline unless the user asks for online logging.
+"""A WandbLogger that is offline unless the user asks for online logging, and off when W&B is disabled.
 
 ``offline`` defaults to ``None``, read as: online only when ``WANDB_MODE=online`` is set in the environment. So a
-config that names this logger never needs an API key or network by accident, and ``WANDB_MODE=disabled`` (what the
-tests use) still turns W&B off entirely. Everything else is Lightning's own ``WandbLogger``.
+config that names this logger never needs an API key or network by accident. ``WANDB_MODE=disabled`` (what the tests
+use) turns W&B off entirely: Lightning's logger would otherwise overwrite it with its offline mode and write a run.
+Everything else is Lightning's own ``WandbLogger``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from lightning.pytorch.loggers import WandbLogger
 
 class OfflineFirstWandbLogger(WandbLogger):
     def __init__(self, *args, offline: bool | None = None, **kwargs) -> None:
-        if offline is None:
-            offline = os.environ.get("WANDB_MODE", "offline") != "online"
+        mode = os.environ.get("WANDB_MODE", "offline")
+        if mode == "disabled":
+            # Lightning sets WANDB_MODE=dryrun whenever offline=True, which would undo "disabled": pass the mode to
+            # wandb.init instead and leave offline off (wandb then makes a no-op run and writes no files)
+            offline, kwargs["mode"] = False, "disabled"
+        elif offline is None:
+            offline = mode != "online"
         super().__init__(*args, offline=offline, **kwargs)
