@@ -129,7 +129,8 @@ def load_eval_set(
     ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (``humaneval`` only). ``sharegpt_heldout`` reads
     ``val_files`` (any data source spec) and needs ``encoder`` or ``tokenizer`` to measure prompt lengths
     (< ``max_prompt_tokens``); ``id_split`` keeps only conversations it assigns to validation. ``humaneval_file``
-    replaces the package's file (same JSON Lines records).
+    replaces the package's file (same JSON Lines records). ``humaneval`` is never filtered by length (a benchmark
+    keeps all its problems; the longest is 525 tokens with the demo tokenizer): callers with a context limit check it.
     """
     if name not in EVAL_SETS:
         raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}")
