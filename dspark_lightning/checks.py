@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+from dspark_lightning.errors import UserError
 
-class NonFiniteError(FloatingPointError):
+
+class NonFiniteError(UserError, FloatingPointError):
     """A loss, gradient or stored tensor holds NaN or infinity."""
 
 

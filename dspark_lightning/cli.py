@@ -15,6 +15,7 @@ spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes '[parall
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -23,6 +24,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from dspark_lightning.cache_writer import cache_command
 from dspark_lightning.data.regenerate import regenerate_command
 from dspark_lightning.draft_vocab import draft_vocab_command
+from dspark_lightning.errors import UserError
 from dspark_lightning.evaluate import calibrate_command, decode_command
 from dspark_lightning.export import export_command
 from dspark_lightning.import_gguf import import_gguf_command
@@ -95,8 +97,15 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True) -> object:
 
 
 def main() -> int:
-    """Console-script entry point (``dspark-lightning``): exit status 0 on success."""
-    cli_main()
+    """Console-script entry point (``dspark-lightning``): exit status 0 on success, 2 on an error in what the user
+    gave (printed as one line; ``DSPARK_DEBUG=1`` shows its traceback), a traceback for anything else."""
+    try:
+        cli_main()
+    except (UserError, FileNotFoundError) as error:  # a missing file or directory is always one the user named
+        if os.environ.get("DSPARK_DEBUG") == "1":
+            raise
+        print(f"dspark-lightning: error: {error} (DSPARK_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from dspark_lightning.data.sharegpt import BAD_RECORD_REASONS
+from dspark_lightning.errors import UserError
 
 # other_split_records: records that split_by_id assigns to another split (held out, not bad)
 STAT_NAMES = (
@@ -52,7 +53,7 @@ class SharedCounts:
         return dict(zip(COUNTER_NAMES, summed))
 
 
-class NoTrainableDataError(ValueError):
+class NoTrainableDataError(UserError, ValueError):
     """A full pass over a split produced no packed row: the message lists what every record was skipped for."""
 
 

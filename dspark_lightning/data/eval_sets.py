@@ -38,6 +38,7 @@ from dspark_lightning.data.records import RawRecord, iter_file_records, iter_loc
 from dspark_lightning.data.sharegpt import DataSource, iter_conversations, package_path, resolve_source
 from dspark_lightning.data.splits import IdSplit
 from dspark_lightning.data.tokenize import ConversationEncoder
+from dspark_lightning.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ HUMANEVAL_COMPLETION_FORMAT = "{prompt}"
 Messages = list[dict[str, str]]
 
 
-class EvalSetError(ValueError):
+class EvalSetError(UserError, ValueError):
     """An evaluation set that cannot be loaded: unknown name, missing package or file, malformed record."""
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from dspark_lightning.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECORD_BYTES = 16 << 20  # 16 MiB: far above any real conversation, far below a memory problem
@@ -33,7 +35,7 @@ _WIDE_BOMS = {
 _DRAIN_BYTES = 1 << 20
 
 
-class NotJSONError(ValueError):
+class NotJSONError(UserError, ValueError):
     """A local data file that is not JSON (or has an unrecoverable syntax error), with file and line.
 
     ``NotJSONError(message)`` also works, because DataLoader workers re-raise exceptions as ``type(error)(message)``.

@@ -30,6 +30,7 @@ from dspark_lightning.data.sources import (  # noqa: F401  (re-exported: the sou
     resolve_source,
 )
 from dspark_lightning.data.splits import IdSplit, conversation_id, record_id  # noqa: F401  (re-exported)
+from dspark_lightning.errors import UserError
 
 BAD_RECORD_REASONS: dict[str, str] = {
     "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
@@ -68,7 +69,7 @@ ROLE_ALIASES = {
 }
 
 
-class BadRecordError(ValueError):
+class BadRecordError(UserError, ValueError):
     """Raised under ``on_bad_record="raise"``: a record is unusable; says where and why (or just a message)."""
 
     def __init__(self, reason: str, detail: str | None = None, source: str = "", line: int | None = None):

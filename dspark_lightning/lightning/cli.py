@@ -20,6 +20,7 @@ arguments: a model argument whose value differs from the checkpoint's hyper-para
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -29,9 +30,14 @@ from lightning.pytorch.cli import LightningCLI
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.config import GROUPS, migrate_hparams
 from dspark_lightning.lightning.module import DSparkModule
-from dspark_lightning.lightning.run_dirs import ClaimRunDirectory
+from dspark_lightning.lightning.run_dirs import (
+    ClaimRunDirectory,
+    claim_run_directories,
+    remove_unstarted_run_directories,
+)
 
 LIGHTNING_COMMANDS = {
     "fit": "train a drafter (LightningCLI: --config YAML, --model.*, --data.*, --trainer.*)",
@@ -59,15 +65,26 @@ class DSparkCLI(LightningCLI):
             listed = "; ".join(
                 f"--model.{key}: given {mine!r}, checkpoint {theirs!r}" for key, mine, theirs in differing
             )
-            raise ValueError(
+            raise OptionError(
                 f"--ckpt_path {ckpt_path} was trained with other model arguments, which it would silently replace: "
                 f"{listed}. Drop these arguments (or set them to the checkpoint's values), or start a new run."
             )
 
     def instantiate_trainer(self, **kwargs):
+        # the loggers exist (jsonargparse built them), nothing has read a version yet: claim the run directories now
+        self.claimed_run_dirs = claim_run_directories(self._get(self.config_init, "trainer", default={}).get("logger"))
         trainer = super().instantiate_trainer(**kwargs)
-        trainer.callbacks.insert(0, ClaimRunDirectory())  # before SaveConfigCallback reads trainer.log_dir
+        trainer.callbacks.insert(0, ClaimRunDirectory())  # other ranks take rank 0's versions before anything writes
         return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if self.trainer.global_step == 0:  # a run that never took a step leaves no directory behind
+                for directory in remove_unstarted_run_directories(getattr(self, "claimed_run_dirs", [])):
+                    logging.getLogger(__name__).info("removed %s: the run failed before its first step", directory)
+            raise
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.target.path", "data.tokenizer", apply_on="parse")

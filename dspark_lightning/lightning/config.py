@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dspark_lightning.errors import OptionError
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
@@ -28,7 +29,7 @@ TARGET_FEATURES = ("online", "cache")
 
 def _check_choice(group: str, name: str, value, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"model.{group}.{name} must be one of {allowed}, got {value!r}")
+        raise OptionError(f"model.{group}.{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class LossArgs:
         _check_choice("loss", "position_weighting", self.position_weighting, WEIGHT_SCHEMES)
         _check_choice("loss", "candidate_rule", self.candidate_rule, CANDIDATE_LOSS_RULES)
         if self.candidate_weight < 0 or self.candidate_k < 1:
-            raise ValueError(
+            raise OptionError(
                 f"model.loss.candidate_weight must be >= 0 and candidate_k >= 1, got {self.candidate_weight!r} "
                 f"and {self.candidate_k!r}"
             )
@@ -170,7 +171,7 @@ def migrate_hparams(hparams: dict) -> dict:
         elif name in drafter_fields:
             groups["drafter"][name] = value
         else:
-            raise ValueError(f"checkpoint hyper-parameter {name!r} has no place in the config groups")
+            raise OptionError(f"checkpoint hyper-parameter {name!r} has no place in the config groups")
     if groups["loss"].get("weights", ...) is None:
         groups["loss"]["weights"] = {"ce": 0.1, "tv": 0.9}  # the old default spelled "no loss given" as null
     head = groups["drafter"].get("markov_head")

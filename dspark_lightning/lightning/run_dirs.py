@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 _PREFIX = "version_"
 
@@ -28,17 +30,72 @@ def claim_version_dir(root: str | os.PathLike) -> int:
             version += 1
 
 
+def _versioned_local_loggers(loggers) -> list:
+    """The CSV/TensorBoard-style loggers (a ``_version`` and a local ``root_dir``), in the trainer's order."""
+    if loggers is None or isinstance(loggers, bool):
+        return []
+    loggers = loggers if isinstance(loggers, list | tuple) else [loggers]
+    return [
+        logger
+        for logger in loggers
+        if hasattr(logger, "_version") and "://" not in str(getattr(logger, "root_dir", "://"))
+    ]
+
+
+def claim_run_directories(loggers) -> list[Path]:
+    """Claim ``version_N`` for every logger without a fixed version, before anything can resolve one; the paths.
+
+    Called on rank 0 as soon as the loggers exist, before the Trainer: Lightning resolves a CSV logger's version by
+    scanning the directory (not claiming it) when anything first reads ``log_dir``, and creates it only when the
+    experiment starts, so two runs started moments apart were both given ``version_0``. Ranks above 0 (the DDP
+    launcher re-runs the command with its rank in the environment) claim nothing and take rank 0's versions in
+    :class:`ClaimRunDirectory`.
+    """
+    if rank_zero_only.rank != 0:
+        return []
+    claimed = []
+    for logger in _versioned_local_loggers(loggers):
+        if logger._version is None:
+            logger._version = claim_version_dir(logger.root_dir)
+            claimed.append(Path(logger.root_dir) / f"{_PREFIX}{logger._version}")
+    return claimed
+
+
+# What a run leaves in its directory before its first step: removing a directory with anything else would lose work.
+_BEFORE_FIRST_STEP = {"config.yaml", "hparams.yaml", "metrics.csv"}
+
+
+def remove_unstarted_run_directories(claimed: list[Path]) -> list[Path]:
+    """Delete the claimed directories of a run that failed before its first step (nothing in them but the resolved
+    config, hyper-parameters and an empty metrics file); the ones removed."""
+    removed = []
+    for directory in claimed:
+        if not directory.is_dir():
+            continue
+        entries = list(directory.rglob("*"))
+        files = [p for p in entries if p.is_file()]
+        if all(p.parent == directory and p.name in _BEFORE_FIRST_STEP for p in files) and not any(
+            p.is_dir() and any(p.iterdir()) for p in entries
+        ):
+            shutil.rmtree(directory)
+            removed.append(directory)
+    return removed
+
+
 class ClaimRunDirectory(L.Callback):
-    """Before anything writes (first in ``setup``): each CSV/TensorBoard logger without a fixed version gets a freshly
-    created ``version_N`` (claimed on rank 0, broadcast to the other ranks)."""
+    """First in ``setup``: every rank ends with rank 0's ``version_N`` for each CSV/TensorBoard logger. Rank 0 has
+    claimed them already (:func:`claim_run_directories`) unless the loggers were made by the Trainer itself (its
+    default logger), which are claimed here."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        loggers = [
-            logger
-            for logger in trainer.loggers
-            if getattr(logger, "_version", 0) is None and "://" not in str(getattr(logger, "root_dir", "://"))
-        ]
-        versions = [claim_version_dir(logger.root_dir) for logger in loggers] if trainer.is_global_zero else None
+        loggers = _versioned_local_loggers(trainer.loggers)
+        if trainer.is_global_zero:
+            for logger in loggers:
+                if logger._version is None:
+                    logger._version = claim_version_dir(logger.root_dir)
+            versions = [logger._version for logger in loggers]
+        else:
+            versions = None
         versions = trainer.strategy.broadcast(versions)
         for logger, version in zip(loggers, versions):
             logger._version = version

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -103,10 +104,25 @@ def test_concurrent_claims_never_share_a_version(tmp_path):
     assert sorted(claimed) == list(range(16)) and len(list((tmp_path / "p").iterdir())) == 16
 
 
-def test_two_fits_started_together_get_their_own_directories(tmp_path):
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "dspark_lightning", "fit", *fit_args(tmp_path, 1)]
-    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+@pytest.mark.parametrize("repeat", [0, 1])
+def test_two_fits_started_moments_apart_get_their_own_directories(tmp_path, repeat):
+    """Two real CLI processes with the quickstart's CSV + offline W&B loggers, the second started half a second after
+    the first. The Trainer used to read ``log_dir`` (resolving the CSV version by a scan) seconds before the CSV
+    experiment created it, wandb.init in between: both runs got version_0 and the second's config save aborted."""
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    loggers = [
+        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "run"}},
+        {
+            "class_path": "dspark_lightning.lightning.wandb.OfflineFirstWandbLogger",
+            "init_args": {"save_dir": str(tmp_path), "project": "race"},
+        },
+    ]
+    args = [a for a in fit_args(tmp_path, 1) if not a.startswith("--trainer.logger")]
+    command = [sys.executable, "-m", "dspark_lightning", "fit", *args, f"--trainer.logger={json.dumps(loggers)}"]
+    runs = []
+    for _ in range(2):
+        runs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        time.sleep(0.5)
     outputs = [run.communicate(timeout=DEADLINE_S - 60)[0].decode(errors="replace") for run in runs]
     assert [run.returncode for run in runs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
     versions = sorted(p.name for p in (tmp_path / "run").iterdir())
@@ -115,6 +131,14 @@ def test_two_fits_started_together_get_their_own_directories(tmp_path):
         directory = tmp_path / "run" / version
         assert (directory / "config.yaml").is_file() and (directory / "metrics.csv").is_file()
         assert (directory / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(Exception, match="empty.jsonl"):
+        cli_main(["fit", *fit_args(tmp_path, 1, train=empty)])
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_export_refuses_a_non_empty_directory_and_overwrite_leaves_no_stale_files(checkpoint, tmp_path):
@@ -207,3 +231,48 @@ def test_load_from_checkpoint_does_not_list_target_tensors_as_missing(checkpoint
     assert not [w for w in caught if "not in the checkpoint" in str(w.message)]
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     assert torch.equal(module.drafter.backbone.fc.weight, state["drafter.backbone.fc.weight"])
+
+
+# ------------------------------------------------------------------------------------------- user errors, one line
+def _cli(args, env_extra=None):
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env_extra or {}))
+    env.pop("DSPARK_DEBUG", None) if not env_extra else None
+    return subprocess.run(
+        [sys.executable, "-m", "dspark_lightning", *args], env=env, capture_output=True, text=True, timeout=DEADLINE_S
+    )
+
+
+def _user_error_cases(tmp_path, checkpoint):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    return {
+        "bad data": (["fit", *fit_args(tmp_path / "a", 1, train=empty)], "empty.jsonl"),
+        "missing target": (["fit", *fit_args(tmp_path / "b", 1), "--model.target.path=/nowhere/target"], "/nowhere"),
+        "non-finite loss": (
+            ["fit", *fit_args(tmp_path / "c", 6, extra=("--model.optimizer.init_args.lr=1e6",))],
+            "non-finite",
+        ),
+        "resume with other arguments": (
+            [
+                "fit",
+                *fit_args(tmp_path / "d", 3, extra=(f"--ckpt_path={checkpoint}", "--model.drafter.max_anchors=16")),
+            ],
+            "--model.drafter.max_anchors",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["bad data", "missing target", "non-finite loss", "resume with other arguments"])
+def test_user_errors_print_one_line_and_exit_2(case, tmp_path, checkpoint):
+    args, named = _user_error_cases(tmp_path, checkpoint)[case]
+    result = _cli(args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("dspark-lightning: error:")]
+    assert len(errors) == 1 and named in errors[0], result.stderr[-3000:]
+
+
+def test_debug_shows_the_traceback_of_a_user_error(tmp_path, checkpoint):
+    args, _ = _user_error_cases(tmp_path, checkpoint)["bad data"]
+    result = _cli(args, {"DSPARK_DEBUG": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr
