@@ -1,4 +1,4 @@
-"""Position weights and D-PACE weights (``dspark_lightning.loss_weights``) against hand formulas and brute force."""
+"""Position weights and D-PACE weights (``dspark_lightning.losses.position_weighting``) against hand formulas and brute force."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.loss_terms`, confidence BCE.
+"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.losses.terms`, confidence BCE.
 
 Conventions (docs/losses.md §1). Rows are the N = (#blocks)·B draft predictions, flattened or shaped ``[Nb, B]``.
 ``draft_logits[..., Vd]`` may be any float dtype (bf16 included); the teacher is ``teacher_logprobs[..., Vd]``, the target's log-softmax over its *full*
@@ -6,7 +6,7 @@ vocabulary gathered at the draft vocabulary ids, so when Vd < V the teacher p = 
 sub-normalised (Σp ≤ 1). q = softmax(draft_logits); α = Σ_v min(p_v, q_v) is the probability that a draft token
 sampled from q is accepted by the target.
 
-Terms (definitions, sub-normalised behaviour and gradients in :mod:`dspark_lightning.loss_terms`): ``kl`` (forward
+Terms (definitions, sub-normalised behaviour and gradients in :mod:`dspark_lightning.losses.terms`): ``kl`` (forward
 KL), ``tv`` (1 − α), ``ce`` (to the teacher's argmax), ``rkl`` (reverse KL), ``js`` (Jensen-Shannon), ``nla``
 (negative log-acceptance −log α), ``lk_hybrid`` (λ·kl + (1 − λ)·tv, λ = exp(−η·sg[α])). A loss spec is a dict such
 as ``{"ce": 0.1, "tv": 0.9}`` or ``{"lk_hybrid": 1.0, "ce": 0.1}``. The total is a weighted masked mean over rows:
@@ -25,7 +25,7 @@ Because the buffer is consumed in place, a graph built by :func:`compound_loss` 
 ``retain_grad_buffer=True`` for repeated backward (``retain_graph=True``, ``gradcheck``) at the cost of one more
 ``[N, Vd]`` tensor during backward. Double backward is not supported. The teacher gets no gradient.
 
-Position weights and D-PACE live in :mod:`dspark_lightning.loss_weights` (re-exported here).
+Position weights and D-PACE live in :mod:`dspark_lightning.losses.position_weighting`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dspark_lightning.loss_terms import (
+from dspark_lightning.losses.position_weighting import dpace_weights
+from dspark_lightning.losses.terms import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
     LOSS_NAMES,
@@ -45,23 +46,8 @@ from dspark_lightning.loss_terms import (
     validate_loss_options,
     validate_spec,
 )
-from dspark_lightning.loss_weights import WEIGHT_SCHEMES, dpace_weights, position_weights, row_weights_for_blocks
 
-__all__ = [
-    "DEFAULT_LK_ETA",
-    "DEFAULT_NLA_ALPHA_MIN",
-    "LOSS_NAMES",
-    "WEIGHT_SCHEMES",
-    "LossOutput",
-    "compound_loss",
-    "compound_loss_reference",
-    "confidence_loss",
-    "dpace_weights",
-    "position_weights",
-    "row_weights_for_blocks",
-    "validate_loss_options",
-    "validate_spec",
-]
+__all__ = ["LossOutput", "compound_loss", "compound_loss_reference", "confidence_loss"]
 
 
 @dataclass
