@@ -3,7 +3,7 @@ gradients), ``position_weighting`` (static per-slot weights and D-PACE). The mat
 
 from dspark_lightning.losses.compound import LossOutput, compound_loss, compound_loss_reference, confidence_loss
 from dspark_lightning.losses.position_weighting import (
-    WEIGHT_SCHEMES,
+    POSITION_WEIGHTINGS,
     dpace_weights,
     position_weights,
     row_weights_for_blocks,
@@ -20,7 +20,7 @@ __all__ = [
     "DEFAULT_LK_ETA",
     "DEFAULT_NLA_ALPHA_MIN",
     "LOSS_NAMES",
-    "WEIGHT_SCHEMES",
+    "POSITION_WEIGHTINGS",
     "LossOutput",
     "compound_loss",
     "compound_loss_reference",
