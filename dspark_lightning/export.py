@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from dspark_lightning import checks
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.models import DSparkDrafter
-from dspark_lightning.selector_convert import to_candidate_selector
+from dspark_lightning.selector.convert import to_candidate_selector
 from dspark_lightning.speculators_format import (  # noqa: F401 - the format's names stay importable from here
     CONFIG_NAME,
     DFLASH2_FORM,

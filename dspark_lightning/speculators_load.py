@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
-from dspark_lightning.selector_convert import read_candidate_selector
+from dspark_lightning.selector.convert import read_candidate_selector
 from dspark_lightning.speculators_format import (
     CONFIG_NAME,
     DRAFT_ROW_TENSORS,

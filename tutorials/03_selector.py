@@ -50,7 +50,7 @@ from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report, pair_scores, selector_decode, sequential_decode
-from dspark_lightning.selector_convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
+from dspark_lightning.selector.convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off

@@ -39,7 +39,7 @@ from dspark_lightning.export import (
     read_checkpoint,
 )
 from dspark_lightning.models import FrozenTarget, MarkovHeadConfig
-from dspark_lightning.selector_convert import to_candidate_selector
+from dspark_lightning.selector.convert import to_candidate_selector
 
 
 @pytest.fixture(scope="module")
