@@ -30,7 +30,7 @@ from helpers.export import (
 from safetensors import safe_open
 
 from dspark_lightning.cli import cli_main
-from dspark_lightning.export import (
+from dspark_lightning.interop import (
     build_config,
     export_checkpoint,
     export_drafter,
