@@ -20,7 +20,7 @@ from dspark_lightning.losses import (
     validate_spec,
 )
 from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
-from dspark_lightning.models.backbone import ANCHOR_BUDGETS
+from dspark_lightning.models.anchors import ANCHOR_BUDGETS
 from dspark_lightning.selector.training import CANDIDATE_LOSS_RULES
 
 TARGET_FEATURES = ("online", "cache")

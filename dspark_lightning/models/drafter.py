@@ -26,15 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_lightning.models.anchors import Anchors, block_visibility, padded_prefix_visibility, sample_anchors
 from dspark_lightning.models.attention import resolve_backend
-from dspark_lightning.models.backbone import (
-    Anchors,
-    BackboneConfig,
-    DFlashBackbone,
-    block_visibility,
-    padded_prefix_visibility,
-    sample_anchors,
-)
+from dspark_lightning.models.backbone import BackboneConfig, DFlashBackbone
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
