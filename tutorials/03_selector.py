@@ -249,7 +249,7 @@ forced = copy.deepcopy(head)
 as_vanilla = MarkovHead(
     verifier_vocab_size=head.verifier_vocab_size,
     draft_vocab_size=head.draft_vocab_size,
-    rank=head.rank,
+    rank=head.config.rank,
     hidden_size=head.hidden_size,
     kind="vanilla",
 )

@@ -157,7 +157,7 @@ class DSparkDrafter(nn.Module):
         )
         self.confidence_head: ConfidenceHead | None = None
         if config.confidence_head:
-            extra = self.markov_head.rank if config.confidence_with_markov else 0
+            extra = self.markov_head.config.rank if config.confidence_with_markov else 0
             self.confidence_head = ConfidenceHead(hidden + extra)
         # per-slot temperatures of the confidence logits, fitted after training (see ``calibration.py``); 1 = raw
         self.register_buffer("confidence_temperature", torch.ones(config.block_size))
