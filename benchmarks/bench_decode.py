@@ -49,7 +49,7 @@ def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length:
         head = module.drafter.markov_head
         description = (
             f"drafter trained for {steps} steps (checkpoint `{Path(ckpt).name}`: {module.drafter.config.num_layers} "
-            f"layer(s), B = {module.drafter.block_size}, {head.kind if head else 'no'} Markov head) on "
+            f"layer(s), B = {module.drafter.block_size}, {head.config.kind if head else 'no'} Markov head) on "
             f"`{module.target_args.path}`, its validation eval prompts"
         )
         return module.target, module.drafter, prompts, description

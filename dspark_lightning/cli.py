@@ -21,15 +21,15 @@ from collections.abc import Callable, Sequence
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from dspark_lightning.cache_writer import cache_command
 from dspark_lightning.data.regenerate import regenerate_command
-from dspark_lightning.draft_vocab import draft_vocab_command
 from dspark_lightning.errors import UserError
 from dspark_lightning.evaluate import calibrate_command, decode_command
-from dspark_lightning.export import export_command
-from dspark_lightning.import_gguf import import_gguf_command
+from dspark_lightning.interop.export import export_command
+from dspark_lightning.interop.gguf_import import import_gguf_command
 from dspark_lightning.lightning.cli import LIGHTNING_COMMANDS, lightning_main
 from dspark_lightning.loss_study import loss_study_command
+from dspark_lightning.preparation.draft_vocab import draft_vocab_command
+from dspark_lightning.preparation.feature_cache import cache_command
 from dspark_lightning.report import report_command
 from dspark_lightning.report_smollm2 import report_smollm2_command
 

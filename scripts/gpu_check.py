@@ -208,7 +208,7 @@ def graphs_compiled() -> int:
 
 # ------------------------------------------------------------------------------------------------ 1. parity
 def check_parity(ctx: Context) -> dict:
-    from dspark_lightning.models.backbone import sample_anchors
+    from dspark_lightning.models.anchors import sample_anchors
 
     c = PARITY_SMOKE if ctx.smoke else PARITY_FULL
     backward = ctx.cuda  # eager FlexAttention has no backward on CPU
@@ -335,8 +335,8 @@ def check_fit(ctx: Context) -> dict:
 # ------------------------------------------------------------------------------------------------ 3. throughput
 def throughput_case(ctx: Context, c: dict, warmup: int, repeats: int) -> dict:
     from dspark_lightning.losses import position_weights
+    from dspark_lightning.models.anchors import block_visibility, sample_anchors
     from dspark_lightning.models.attention import resolve_backend
-    from dspark_lightning.models.backbone import block_visibility, sample_anchors
 
     torch.manual_seed(0)
     drafter = synthetic_drafter(c, c["backend"]).to(ctx.device)

@@ -1,4 +1,4 @@
-"""Position weights and D-PACE weights (``dspark_lightning.loss_weights``) against hand formulas and brute force."""
+"""Position weights and D-PACE weights (``dspark_lightning.losses.position_weighting``) against hand formulas and brute force."""
 
 from __future__ import annotations
 
@@ -15,13 +15,18 @@ def test_position_weights_both_conventions():
     assert torch.allclose(w, torch.tensor([math.exp(-k / 2.0) for k in range(5)]))
     w = position_weights(5, gamma=2.0, sample_from_anchor=False)
     assert torch.allclose(w, torch.tensor([0.0] + [math.exp(-(k - 1) / 2.0) for k in range(1, 5)]))
-    assert torch.equal(position_weights(4, scheme="uniform"), torch.ones(4))
-    assert torch.equal(position_weights(4, scheme="uniform", sample_from_anchor=False), torch.tensor([0.0, 1, 1, 1]))
-    assert torch.equal(position_weights(4, scheme="dpace", sample_from_anchor=False), torch.tensor([0.0, 1, 1, 1]))
+    assert torch.equal(position_weights(4, position_weighting="uniform"), torch.ones(4))
     assert torch.equal(
-        row_weights_for_blocks(3, 4, scheme="uniform", sample_from_anchor=False).view(3, 4)[:, 0], torch.zeros(3)
+        position_weights(4, position_weighting="uniform", sample_from_anchor=False), torch.tensor([0.0, 1, 1, 1])
     )
-    for kwargs in ({"scheme": "linear"}, {"gamma": 0.0}, {"gamma": -1.0}):
+    assert torch.equal(
+        position_weights(4, position_weighting="dpace", sample_from_anchor=False), torch.tensor([0.0, 1, 1, 1])
+    )
+    assert torch.equal(
+        row_weights_for_blocks(3, 4, position_weighting="uniform", sample_from_anchor=False).view(3, 4)[:, 0],
+        torch.zeros(3),
+    )
+    for kwargs in ({"position_weighting": "linear"}, {"gamma": 0.0}, {"gamma": -1.0}):
         with pytest.raises(ValueError):
             position_weights(4, **kwargs)
     with pytest.raises(ValueError):

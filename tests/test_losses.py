@@ -128,14 +128,14 @@ def test_weighted_masked_mean_by_hand():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("chunk", [1, 5, 12, 100])
-@pytest.mark.parametrize("scheme", ["static", "dpace"])
-def test_chunked_equals_reference(dtype, chunk, scheme):
+@pytest.mark.parametrize("weighting", ["exp", "dpace"])
+def test_chunked_equals_reference(dtype, chunk, weighting):
     z, lp = make_case(nb=3, b=4, vd=37, v=53, dtype=dtype, seed=chunk)
-    w = position_weights(4, scheme="exp" if scheme == "static" else "dpace", sample_from_anchor=False)
+    w = position_weights(4, position_weighting=weighting, sample_from_anchor=False)
     m = torch.tensor([[1, 1, 1, 1], [1, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
     z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
-    a = compound_loss(z1, lp, w, m, ALL, chunk, weight_scheme=scheme)
-    r = compound_loss_reference(z2, lp, w, m, ALL, weight_scheme=scheme)
+    a = compound_loss(z1, lp, w, m, ALL, chunk, position_weighting=weighting)
+    r = compound_loss_reference(z2, lp, w, m, ALL, position_weighting=weighting)
     a.loss.backward()
     r.loss.backward()
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-7)
@@ -157,10 +157,10 @@ def test_single_components_flat_rows(spec):
     rw = row_weights_for_blocks(2, 5, gamma=3.0)
     m = torch.rand(10, generator=torch.Generator().manual_seed(0)) > 0.3
     z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
-    for scheme in ("static", "dpace"):
+    for weighting in ("exp", "dpace"):
         z1.grad = z2.grad = None
-        a = compound_loss(z1, lp, rw, m, spec, 3, weight_scheme=scheme, block_size=5)
-        r = compound_loss_reference(z2, lp, rw, m, spec, weight_scheme=scheme, block_size=5)
+        a = compound_loss(z1, lp, rw, m, spec, 3, position_weighting=weighting, block_size=5)
+        r = compound_loss_reference(z2, lp, rw, m, spec, position_weighting=weighting, block_size=5)
         (3.0 * a.loss).backward()  # grad_output != 1
         (3.0 * r.loss).backward()
         torch.testing.assert_close(a.loss, r.loss, rtol=1e-10, atol=1e-12)
@@ -235,9 +235,9 @@ def test_shape_errors():
     with pytest.raises(ValueError):
         compound_loss(z, lp, torch.ones(5), None, ALL)
     with pytest.raises(ValueError):
-        compound_loss(z.view(12, -1), lp.view(12, -1), None, None, ALL, weight_scheme="dpace")
+        compound_loss(z.view(12, -1), lp.view(12, -1), None, None, ALL, position_weighting="dpace")
     with pytest.raises(ValueError):
-        compound_loss(z.view(12, -1), lp.view(12, -1), None, None, ALL, weight_scheme="dpace", block_size=5)
+        compound_loss(z.view(12, -1), lp.view(12, -1), None, None, ALL, position_weighting="dpace", block_size=5)
     with pytest.raises(ValueError):
         compound_loss(z, lp, -torch.ones(4), None, ALL)
 

@@ -50,7 +50,7 @@ from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report, pair_scores, selector_decode, sequential_decode
-from dspark_lightning.selector_convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
+from dspark_lightning.selector.convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off
@@ -249,7 +249,7 @@ forced = copy.deepcopy(head)
 as_vanilla = MarkovHead(
     verifier_vocab_size=head.verifier_vocab_size,
     draft_vocab_size=head.draft_vocab_size,
-    rank=head.rank,
+    rank=head.config.rank,
     hidden_size=head.hidden_size,
     kind="vanilla",
 )

@@ -44,7 +44,7 @@ from dspark_lightning.data.records import iter_local_records
 from dspark_lightning.data.regenerate import regenerate
 from dspark_lightning.data.sharegpt import BadRecordCounter, IdSplit, iter_conversations, resolve_source
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.import_gguf import import_gguf
+from dspark_lightning.interop import import_gguf
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 
 quiet_logs()

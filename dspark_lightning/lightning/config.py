@@ -16,12 +16,12 @@ from dspark_lightning.errors import OptionError
 from dspark_lightning.losses import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
-    WEIGHT_SCHEMES,
+    POSITION_WEIGHTINGS,
     validate_loss_options,
     validate_spec,
 )
 from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
-from dspark_lightning.models.backbone import ANCHOR_BUDGETS
+from dspark_lightning.models.anchors import ANCHOR_BUDGETS
 from dspark_lightning.selector.training import CANDIDATE_LOSS_RULES
 
 TARGET_FEATURES = ("online", "cache")
@@ -79,7 +79,7 @@ class LossArgs:
         # a bad loss fails when the group is built (the model instantiation, a checkpoint load), before any target is read
         validate_spec(dict(self.weights))
         validate_loss_options(self.lk_eta, self.nla_alpha_min)
-        _check_choice("loss", "position_weighting", self.position_weighting, WEIGHT_SCHEMES)
+        _check_choice("loss", "position_weighting", self.position_weighting, POSITION_WEIGHTINGS)
         _check_choice("loss", "candidate_rule", self.candidate_rule, CANDIDATE_LOSS_RULES)
         if self.candidate_weight < 0 or self.candidate_k < 1:
             raise OptionError(

@@ -18,7 +18,7 @@ Design choices:
   config, input embedding and LM head are loaded (``TargetHeads``), and every batch must carry ``context_features``
   and ``final_hidden``. Checkpoints are the same in both modes (the frozen tensors are dropped either way). A batch
   that carries features is used as it is in online mode too (the target is then not run).
-- ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/backbone.py``) chooses how training anchors
+- ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/anchors.py``) chooses how training anchors
   are shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
   (sum states over the epoch) report the fraction of supervised tokens that some block predicts.
 - Sharded training (``configs/strategy/fsdp.yaml``): ``configure_model`` wraps every target decoder layer and every
@@ -51,7 +51,7 @@ from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_
 from dspark_lightning.losses import validate_spec
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget
-from dspark_lightning.models.backbone import anchor_coverage_counts, evaluation_anchors, sample_anchors
+from dspark_lightning.models.anchors import anchor_coverage_counts, evaluation_anchors, sample_anchors
 from dspark_lightning.models.target import TargetHeads
 from dspark_lightning.models.vocab import load_draft_vocab
 

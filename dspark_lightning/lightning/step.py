@@ -61,10 +61,9 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
     """
     B, first = drafter.config.block_size, drafter.config.first_trained_slot
     Nb = out.logits.shape[0] * out.logits.shape[1]
-    scheme = "dpace" if hp.position_weighting == "dpace" else "static"
     weights = position_weights(
         B,
-        scheme=hp.position_weighting,
+        position_weighting=hp.position_weighting,
         gamma=hp.gamma,
         sample_from_anchor=drafter.config.sample_from_anchor,
         device=out.logits.device,
@@ -77,7 +76,7 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
         valid,
         loss_spec,
         hp.chunk_size,
-        weight_scheme=scheme,
+        position_weighting=hp.position_weighting,
         block_size=B,
         lk_eta=hp.lk_eta,
         nla_alpha_min=hp.nla_alpha_min,

@@ -1,6 +1,7 @@
-"""Plain ``nn.Module`` components of a DSpark drafter (no Lightning in this package)."""
+"""Plain ``nn.Module`` components of a DSpark drafter and its anchor sampling (no Lightning in this package)."""
 
-from dspark_lightning.models.backbone import Anchors, BackboneConfig, DFlashBackbone, default_target_layer_ids
+from dspark_lightning.models.anchors import Anchors
+from dspark_lightning.models.backbone import BackboneConfig, DFlashBackbone, default_target_layer_ids
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter import DrafterConfig, DrafterOutput, DSparkDrafter

@@ -26,15 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_lightning.models.anchors import Anchors, block_visibility, padded_prefix_visibility, sample_anchors
 from dspark_lightning.models.attention import resolve_backend
-from dspark_lightning.models.backbone import (
-    Anchors,
-    BackboneConfig,
-    DFlashBackbone,
-    block_visibility,
-    padded_prefix_visibility,
-    sample_anchors,
-)
+from dspark_lightning.models.backbone import BackboneConfig, DFlashBackbone
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
@@ -163,7 +157,7 @@ class DSparkDrafter(nn.Module):
         )
         self.confidence_head: ConfidenceHead | None = None
         if config.confidence_head:
-            extra = self.markov_head.rank if config.confidence_with_markov else 0
+            extra = self.markov_head.config.rank if config.confidence_with_markov else 0
             self.confidence_head = ConfidenceHead(hidden + extra)
         # per-slot temperatures of the confidence logits, fitted after training (see ``calibration.py``); 1 = raw
         self.register_buffer("confidence_temperature", torch.ones(config.block_size))

@@ -56,13 +56,10 @@ class MarkovHead(nn.Module):
         if draft_vocab_size > verifier_vocab_size:
             raise ValueError(f"draft_vocab_size {draft_vocab_size} exceeds verifier_vocab_size {verifier_vocab_size}")
 
+        # the sizes come from the target, so they are not in the config (kind, rank and gate form: ``self.config``)
         self.verifier_vocab_size = verifier_vocab_size
         self.draft_vocab_size = draft_vocab_size
-        self.rank = rank
         self.hidden_size = hidden_size
-        self.kind = kind
-        self.gate_input = gate_input
-        self.gate_activation = gate_activation
 
         self.markov_w1 = nn.Embedding(verifier_vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
@@ -77,29 +74,32 @@ class MarkovHead(nn.Module):
     @property
     def is_path_dependent(self) -> bool:
         """True for the rnn head: its bias depends on every earlier token, not only the previous one."""
-        return self.kind == "rnn"
+        return self.config.kind == "rnn"
 
     def extra_repr(self) -> str:
-        gate = f", gate_input={self.gate_input}, gate_activation={self.gate_activation}" if self.kind == "gated" else ""
-        return f"kind={self.kind}, rank={self.rank}{gate}"
+        c = self.config
+        gate = f", gate_input={c.gate_input}, gate_activation={c.gate_activation}" if c.kind == "gated" else ""
+        return f"kind={c.kind}, rank={c.rank}{gate}"
 
     # ------------------------------------------------------------------ features
     def gate(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
         """The gate g (shape [..., r]) of the gated head; broadcasts ``hidden`` against ``prev_embedding``."""
-        if self.gate_input == "hidden+prev":
+        if self.config.gate_input == "hidden+prev":
             shape = torch.broadcast_shapes(hidden.shape[:-1], prev_embedding.shape[:-1])
-            joint = torch.cat((hidden.expand(*shape, hidden.shape[-1]), prev_embedding.expand(*shape, self.rank)), -1)
+            joint = torch.cat(
+                (hidden.expand(*shape, hidden.shape[-1]), prev_embedding.expand(*shape, self.config.rank)), -1
+            )
             pre = self.gate_proj(joint)
         else:
             pre = self.gate_proj(hidden)
-        return torch.sigmoid(pre) if self.gate_activation == "sigmoid" else pre
+        return torch.sigmoid(pre) if self.config.gate_activation == "sigmoid" else pre
 
     def transition_features(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """u(a, h) with bias = W2^T u, shape broadcast(prev[...], hidden[..., H]) + [r]. Not defined for rnn."""
         if self.is_path_dependent:
             raise ValueError("the rnn Markov head is path dependent: it has no per-pair transition features")
         prev_embedding = self.markov_w1(prev_token_ids)
-        if self.kind == "vanilla":
+        if self.config.kind == "vanilla":
             return prev_embedding
         return prev_embedding * self.gate(hidden, prev_embedding)
 

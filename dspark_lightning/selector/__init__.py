@@ -6,10 +6,11 @@ indices; predecessors fed to the head are target ids (through ``d2t``, ``None`` 
 DFlash) is allowed everywhere; the path-dependent rnn head has no pair scores (use ``sequential_decode``).
 
 Layout: ``topk`` (exact staged top-k), ``pairs`` (pair scores), ``walks`` (Selector walk, sequential reference),
-``diagnostics`` (``equivalence_report``, ``teacher_acceptance``), ``training`` (``candidate_loss``). Weight conversion
-to and from the CandidateSelector layout is ``dspark_lightning.selector_convert``, re-exported here.
+``diagnostics`` (``equivalence_report``, ``teacher_acceptance``), ``training`` (``candidate_loss``), ``convert``
+(weight conversion to and from the CandidateSelector layout).
 """
 
+from dspark_lightning.selector.convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
 from dspark_lightning.selector.diagnostics import EquivalenceReport, equivalence_report, teacher_acceptance
 from dspark_lightning.selector.pairs import pair_scores, precompute_prev_gate_table
 from dspark_lightning.selector.topk import candidate_topk
@@ -22,11 +23,6 @@ from dspark_lightning.selector.walks import (
     sequential_decode,
     sequential_walk,
     walk_pair_scores,
-)
-from dspark_lightning.selector_convert import (
-    candidate_selector_scores,
-    from_candidate_selector,
-    to_candidate_selector,
 )
 
 __all__ = [

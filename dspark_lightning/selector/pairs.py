@@ -38,7 +38,7 @@ def _check_inputs(
         raise ValueError(
             "the head has a draft vocab smaller than its target vocab: pass d2t (draft index -> target id)"
         )
-    needs_hidden = head.kind != "vanilla"
+    needs_hidden = head.config.kind != "vanilla"
     if needs_hidden and (hidden is None or hidden.shape != (n_rows, block, head.hidden_size)):
         got = None if hidden is None else tuple(hidden.shape)
         raise ValueError(f"hidden must be [N, B, H] = [{n_rows}, {block}, {head.hidden_size}], got {got}")
@@ -54,7 +54,7 @@ def precompute_prev_gate_table(head: MarkovHead) -> torch.Tensor:
     Passing it to ``pair_scores(..., prev_gate_table=...)`` replaces the per-predecessor r x r product by a gather.
     Recompute it whenever the head's weights change (it is a cache, not a parameter).
     """
-    if head.kind != "gated" or head.gate_input != "hidden+prev":
+    if head.config.kind != "gated" or head.config.gate_input != "hidden+prev":
         raise ValueError("a previous-token gate table exists only for a gated head with gate_input='hidden+prev'")
     with torch.no_grad():
         return F.linear(head.markov_w1.weight, head.gate_proj.weight[:, head.hidden_size :])
@@ -94,9 +94,9 @@ def _pair_transition_features(
             "state, so no k x k pair-score precompute exists; decode it with sequential_decode instead"
         )
     prev_embedding = gather_rows(head.markov_w1.weight, prev_ids, "w1_rows")  # = head.markov_w1(prev_ids)
-    if head.kind == "vanilla":
+    if head.config.kind == "vanilla":
         return prev_embedding
-    if head.gate_input == "hidden":  # the gate depends on the slot only: one evaluation per slot
+    if head.config.gate_input == "hidden":  # the gate depends on the slot only: one evaluation per slot
         return prev_embedding * head.gate(hidden[:, :, None, :], prev_embedding)
     weight = head.gate_proj.weight  # [r, H + r], input order [h ; W1[a]]
     if prev_gate_table is None and not torch.is_grad_enabled():
@@ -109,10 +109,10 @@ def _pair_transition_features(
         pre = F.linear(prev_embedding, weight[:, head.hidden_size :])
     pre += F.linear(hidden, weight[:, : head.hidden_size], head.gate_proj.bias)[:, :, None, :]
     if torch.is_grad_enabled() and (pre.requires_grad or prev_embedding.requires_grad):
-        gate = torch.sigmoid(pre) if head.gate_activation == "sigmoid" else pre
+        gate = torch.sigmoid(pre) if head.config.gate_activation == "sigmoid" else pre
         return prev_embedding * gate
     # no autograd graph: reuse the [N, B, k, r] buffer (saves two large allocations per call on CPU)
-    gate = pre.sigmoid_() if head.gate_activation == "sigmoid" else pre
+    gate = pre.sigmoid_() if head.config.gate_activation == "sigmoid" else pre
     return gate.mul_(prev_embedding)
 
 

@@ -18,10 +18,10 @@ from transformers import AutoTokenizer
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.tokenize import ConversationEncoder
-from dspark_lightning.draft_vocab import count_tokens, select_draft_vocab, special_token_ids
-from dspark_lightning.export import export_checkpoint, load_exported
+from dspark_lightning.interop import export_checkpoint, load_exported
 from dspark_lightning.lightning.module import load_draft_vocab
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+from dspark_lightning.preparation import count_tokens, select_draft_vocab, special_token_ids
 
 DEMO = str(DEMO_TARGET)
 

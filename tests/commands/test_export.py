@@ -30,7 +30,7 @@ from helpers.export import (
 from safetensors import safe_open
 
 from dspark_lightning.cli import cli_main
-from dspark_lightning.export import (
+from dspark_lightning.interop import (
     build_config,
     export_checkpoint,
     export_drafter,
@@ -39,7 +39,7 @@ from dspark_lightning.export import (
     read_checkpoint,
 )
 from dspark_lightning.models import FrozenTarget, MarkovHeadConfig
-from dspark_lightning.selector_convert import to_candidate_selector
+from dspark_lightning.selector.convert import to_candidate_selector
 
 
 @pytest.fixture(scope="module")

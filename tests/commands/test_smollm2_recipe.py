@@ -20,7 +20,7 @@ from dspark_lightning.data.sharegpt import (
     to_conversation,
 )
 from dspark_lightning.data.tokenize import ConversationEncoder, choose_mask_token
-from dspark_lightning.import_gguf import import_gguf, resolve_gguf
+from dspark_lightning.interop import import_gguf, resolve_gguf
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -26,7 +26,7 @@ import torch
 from helpers.export import draft_vocab, make_drafter, save_verifier
 from safetensors.torch import load_file, save_file
 
-from dspark_lightning.export import export_drafter
+from dspark_lightning.interop import export_drafter
 from dspark_lightning.models import FrozenTarget
 
 PYTHON = os.environ.get("DSPARK_SPECULATORS_PYTHON") or (

@@ -185,7 +185,7 @@ def test_every_head_config_trains(head, tmp_path):
         assert 0.0 <= float(metrics["train/candidate_recall@16"]) <= 1.0
         assert torch.isfinite(metrics["train/loss_candidate"])
     expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated"}[head]
-    assert (cli.model.drafter.markov_head.kind if cli.model.drafter.markov_head else None) == expected
+    assert (cli.model.drafter.markov_head.config.kind if cli.model.drafter.markov_head else None) == expected
 
 
 def expand(line: str, variables: dict[str, str]) -> str:

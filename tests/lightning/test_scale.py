@@ -18,7 +18,7 @@ import yaml
 from helpers.paths import ROOT
 
 from dspark_lightning.cli import cli_main
-from dspark_lightning.models.backbone import (
+from dspark_lightning.models.anchors import (
     Anchors,
     anchor_coverage_counts,
     sample_anchors,

@@ -17,7 +17,7 @@ from dspark_lightning.models import (
     MarkovHeadConfig,
     default_target_layer_ids,
 )
-from dspark_lightning.models.backbone import Anchors, sample_anchors, valid_anchor_mask
+from dspark_lightning.models.anchors import Anchors, sample_anchors, valid_anchor_mask
 
 
 # ---------------------------------------------------------------- independent float64 reference

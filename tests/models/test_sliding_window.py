@@ -11,7 +11,7 @@ from helpers.drafters import build, decode_cached_and_uncached, packed_batch, ra
 from helpers.export import make_drafter, outputs
 
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.export import export_drafter, load_exported
+from dspark_lightning.interop import export_drafter, load_exported
 from dspark_lightning.models import BackboneConfig, MarkovHeadConfig
 from dspark_lightning.models.attention import BlockVisibility
 

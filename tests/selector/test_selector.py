@@ -223,7 +223,7 @@ def manual_rnn_decode(base, head, first_prev, hidden):
     """Greedy rnn decode written from the docs/design.md §4.3 equations with the raw weights."""
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
     wj, bj = head.joint_proj.weight, head.joint_proj.bias
-    rank = head.rank
+    rank = head.config.rank
     tokens = torch.empty(base.shape[:2], dtype=torch.long)
     for n in range(base.shape[0]):
         state = torch.zeros(rank, dtype=base.dtype)

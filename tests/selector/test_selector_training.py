@@ -127,7 +127,8 @@ def test_round_trip_through_candidate_selector_keeps_scores_identical():
     assert state["candidate_selector.successor_codebook"].shape == (vocab, 4)
     assert state["candidate_selector.hidden_projection.weight"].shape == (4, hidden_size)
     restored = from_candidate_selector(state)
-    assert (restored.kind, restored.gate_input, restored.gate_activation) == ("gated", "hidden", "identity")
+    form = restored.config
+    assert (form.kind, form.gate_input, form.gate_activation) == ("gated", "hidden", "identity")
     base, prev, hidden, _ = make_batch(3, 5, vocab, vocab, hidden_size, seed=3)
     first_prev = prev[:, 0]
     candidates, scores = pair_scores(base, head, first_prev, hidden, k)

@@ -1,9 +1,10 @@
 """Per-slot weights of the drafter losses: static position weights and D-PACE.
 
-Position weights (:func:`position_weights`): ``exp`` w_k = exp(−k/γ) when ``sample_from_anchor`` (all B slots are
-trained); in the DFlash form slot 0 is the untrained bonus token: w_0 = 0 and w_k = exp(−(k−1)/γ). ``uniform``: ones
-(slot 0 zero in the DFlash form). ``dpace``: the same static 0/1 slot mask as ``uniform``; the dynamic part is
-computed inside the loss (``weight_scheme="dpace"``), because it needs the current α.
+The ``position_weighting`` options (``model.loss.position_weighting``; static part: :func:`position_weights`):
+``exp`` w_k = exp(−k/γ) when ``sample_from_anchor`` (all B slots are trained); in the DFlash form slot 0 is the
+untrained bonus token: w_0 = 0 and w_k = exp(−(k−1)/γ). ``uniform``: ones (slot 0 zero in the DFlash form).
+``dpace``: the same static 0/1 slot mask as ``uniform``; the dynamic part is computed inside the loss
+(``compound_loss(..., position_weighting="dpace")``), because it needs the current α.
 
 D-PACE (Wu et al., "D-PACE: Dynamic Position-Aware Cross-Entropy for Parallel Speculative Drafting",
 arXiv:2605.18810; reference code github.com/Lucas-TY/D-PACE). The expected accepted length of a block is surrogated by
@@ -14,22 +15,22 @@ in the sums (as in the reference code). The paper's s_j is the draft probability
 distribution available, the matching quantity is the acceptance probability α_j = Σ min(p, q), so we use the detached
 α of the current batch. We normalise the weights to mean 1 over trained slots (a constant factor that the masked mean
 removes anyway; the reference divides by the batch size instead), so only the relative weighting across slots — which
-is what D-PACE defines — matters, and loss magnitudes stay comparable with the static schemes.
+is what D-PACE defines — matters, and loss magnitudes stay comparable with the static weightings.
 """
 
 from __future__ import annotations
 
 import torch
 
-WEIGHT_SCHEMES = ("exp", "uniform", "dpace")
+POSITION_WEIGHTINGS = ("exp", "uniform", "dpace")
 
-__all__ = ["WEIGHT_SCHEMES", "dpace_weights", "position_weights", "row_weights_for_blocks"]
+__all__ = ["POSITION_WEIGHTINGS", "dpace_weights", "position_weights", "row_weights_for_blocks"]
 
 
 def position_weights(
     block_size: int,
     *,
-    scheme: str = "exp",
+    position_weighting: str = "exp",
     gamma: float = 4.0,
     sample_from_anchor: bool = True,
     dtype: torch.dtype = torch.float32,
@@ -38,12 +39,14 @@ def position_weights(
     """Static per-slot weights ``[block_size]`` (see the module docstring for the two anchor conventions)."""
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
-    if scheme not in WEIGHT_SCHEMES:
-        raise ValueError(f"unknown position weight scheme {scheme!r}; allowed: {', '.join(WEIGHT_SCHEMES)}")
+    if position_weighting not in POSITION_WEIGHTINGS:
+        raise ValueError(
+            f"unknown position weighting {position_weighting!r}; allowed: {', '.join(POSITION_WEIGHTINGS)}"
+        )
     k = torch.arange(block_size, dtype=torch.float64)
-    if scheme == "exp":
+    if position_weighting == "exp":
         if not gamma > 0:
-            raise ValueError(f"gamma must be > 0 for the exp scheme; got {gamma!r}")
+            raise ValueError(f"gamma must be > 0 for the exp weighting; got {gamma!r}")
         w = torch.exp(-k / gamma) if sample_from_anchor else torch.exp(-(k - 1).clamp_min(0) / gamma)
     else:  # uniform, and the static part of dpace
         w = torch.ones(block_size, dtype=torch.float64)

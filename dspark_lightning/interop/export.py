@@ -1,9 +1,9 @@
 """Export a trained drafter to the DSpark checkpoint format of ``speculators`` (served by vLLM).
 
 The format itself (every ``config.json`` field and tensor name, and the decisions where it is silent) is documented
-in ``dspark_lightning.speculators_format``; loading an export back is ``dspark_lightning.speculators_load`` (re-exported
-here). Tensors are written in bf16 or fp32 (``d2t``/``t2d`` keep int64/bool), only as safetensors; checkpoints are
-read with ``torch.load(weights_only=True)``.
+in ``interop/speculators_format.py``; loading an export back is ``interop/speculators_load.py``. Tensors are written
+in bf16 or fp32 (``d2t``/``t2d`` keep int64/bool), only as safetensors; checkpoints are read with
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -20,13 +20,9 @@ from jsonargparse.typing import PositiveInt
 from safetensors.torch import save_file
 
 from dspark_lightning import checks
-from dspark_lightning.lightning.checkpoint import load_checkpoint_module
-from dspark_lightning.models import DSparkDrafter
-from dspark_lightning.selector_convert import to_candidate_selector
-from dspark_lightning.speculators_format import (  # noqa: F401 - the format's names stay importable from here
+from dspark_lightning.interop.speculators_format import (
     CONFIG_NAME,
     DFLASH2_FORM,
-    EXPORT_DTYPES,
     SELECTOR_PREFIX,
     WEIGHTS_NAME,
     _dtype,
@@ -34,7 +30,9 @@ from dspark_lightning.speculators_format import (  # noqa: F401 - the format's n
     _gate_form,
     build_config,
 )
-from dspark_lightning.speculators_load import load_exported, read_exported  # noqa: F401 - public from here too
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+from dspark_lightning.models import DSparkDrafter
+from dspark_lightning.selector.convert import to_candidate_selector
 
 
 def exported_tensors(

@@ -87,7 +87,7 @@ def _format_key(name: str) -> str | None:
 
 
 def _gate_form(head) -> tuple[str, str, str] | None:
-    return None if head is None else (head.kind, head.gate_input, head.gate_activation)
+    return None if head is None else (head.config.kind, head.config.gate_input, head.config.gate_activation)
 
 
 def _target_config_dict(target_config, verifier_name_or_path: str) -> dict:
@@ -157,8 +157,8 @@ def build_config(
         "sample_from_anchor": cfg.sample_from_anchor,
         # our blocks attend bidirectionally; speculators makes sliding-window blocks causal unless this is set
         "sliding_window_non_causal": sliding,
-        "markov_rank": head.rank if head is not None and not candidate_selector else 0,
-        "markov_head_type": head.kind if head is not None else "vanilla",
+        "markov_rank": head.config.rank if head is not None and not candidate_selector else 0,
+        "markov_head_type": head.config.kind if head is not None else "vanilla",
         "enable_confidence_head": drafter.confidence_head is not None,
         "confidence_head_with_markov": drafter.confidence_head is not None and cfg.confidence_with_markov,
         "speculators_config": {
@@ -169,11 +169,11 @@ def build_config(
         "torch_dtype": dtype_name, "dtype": dtype_name,
     }
     # fmt: on
-    if head is not None and head.kind == "gated" and _gate_form(head) != ("gated", "hidden+prev", "sigmoid"):
-        config |= {"markov_gate_input": head.gate_input, "markov_gate_activation": head.gate_activation}
+    if head is not None and head.config.kind == "gated" and _gate_form(head) != ("gated", "hidden+prev", "sigmoid"):
+        config |= {"markov_gate_input": head.config.gate_input, "markov_gate_activation": head.config.gate_activation}
     if candidate_selector:
         k = min(int(selector_top_k), drafter.draft_vocab_size)
-        config |= {"dflash2_candidate_selector": True, "selector_rank": head.rank, "selector_top_k": k}
+        config |= {"dflash2_candidate_selector": True, "selector_rank": head.config.rank, "selector_top_k": k}
     temperature = drafter.confidence_temperature
     if drafter.confidence_head is not None and not bool((temperature == 1).all()):
         config["confidence_temperature"] = [float(t) for t in temperature]

@@ -1,4 +1,4 @@
-"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.loss_terms`, confidence BCE.
+"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.losses.terms`, confidence BCE.
 
 Conventions (docs/losses.md §1). Rows are the N = (#blocks)·B draft predictions, flattened or shaped ``[Nb, B]``.
 ``draft_logits[..., Vd]`` may be any float dtype (bf16 included); the teacher is ``teacher_logprobs[..., Vd]``, the target's log-softmax over its *full*
@@ -6,7 +6,7 @@ vocabulary gathered at the draft vocabulary ids, so when Vd < V the teacher p = 
 sub-normalised (Σp ≤ 1). q = softmax(draft_logits); α = Σ_v min(p_v, q_v) is the probability that a draft token
 sampled from q is accepted by the target.
 
-Terms (definitions, sub-normalised behaviour and gradients in :mod:`dspark_lightning.loss_terms`): ``kl`` (forward
+Terms (definitions, sub-normalised behaviour and gradients in :mod:`dspark_lightning.losses.terms`): ``kl`` (forward
 KL), ``tv`` (1 − α), ``ce`` (to the teacher's argmax), ``rkl`` (reverse KL), ``js`` (Jensen-Shannon), ``nla``
 (negative log-acceptance −log α), ``lk_hybrid`` (λ·kl + (1 − λ)·tv, λ = exp(−η·sg[α])). A loss spec is a dict such
 as ``{"ce": 0.1, "tv": 0.9}`` or ``{"lk_hybrid": 1.0, "ce": 0.1}``. The total is a weighted masked mean over rows:
@@ -25,7 +25,7 @@ Because the buffer is consumed in place, a graph built by :func:`compound_loss` 
 ``retain_grad_buffer=True`` for repeated backward (``retain_graph=True``, ``gradcheck``) at the cost of one more
 ``[N, Vd]`` tensor during backward. Double backward is not supported. The teacher gets no gradient.
 
-Position weights and D-PACE live in :mod:`dspark_lightning.loss_weights` (re-exported here).
+Position weights and D-PACE live in :mod:`dspark_lightning.losses.position_weighting`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dspark_lightning.loss_terms import (
+from dspark_lightning.losses.position_weighting import POSITION_WEIGHTINGS, dpace_weights
+from dspark_lightning.losses.terms import (
     DEFAULT_LK_ETA,
     DEFAULT_NLA_ALPHA_MIN,
     LOSS_NAMES,
@@ -45,23 +46,8 @@ from dspark_lightning.loss_terms import (
     validate_loss_options,
     validate_spec,
 )
-from dspark_lightning.loss_weights import WEIGHT_SCHEMES, dpace_weights, position_weights, row_weights_for_blocks
 
-__all__ = [
-    "DEFAULT_LK_ETA",
-    "DEFAULT_NLA_ALPHA_MIN",
-    "LOSS_NAMES",
-    "WEIGHT_SCHEMES",
-    "LossOutput",
-    "compound_loss",
-    "compound_loss_reference",
-    "confidence_loss",
-    "dpace_weights",
-    "position_weights",
-    "row_weights_for_blocks",
-    "validate_loss_options",
-    "validate_spec",
-]
+__all__ = ["LossOutput", "compound_loss", "compound_loss_reference", "confidence_loss"]
 
 
 @dataclass
@@ -81,15 +67,17 @@ class LossOutput:
 # inputs
 
 
-def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, weight_scheme):
+def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting):
     if draft_logits.shape != teacher_logprobs.shape:
         raise ValueError(
             f"draft_logits {tuple(draft_logits.shape)} and teacher_logprobs {tuple(teacher_logprobs.shape)} differ"
         )
     if draft_logits.dim() < 2:
         raise ValueError(f"draft_logits must be [..., Vd] with at least 2 dims; got {tuple(draft_logits.shape)}")
-    if weight_scheme not in ("static", "dpace"):
-        raise ValueError(f"weight_scheme must be 'static' or 'dpace'; got {weight_scheme!r}")
+    if position_weighting not in POSITION_WEIGHTINGS:
+        raise ValueError(
+            f"position_weighting must be one of {', '.join(POSITION_WEIGHTINGS)}; got {position_weighting!r}"
+        )
     lead = draft_logits.shape[:-1]
     vd = draft_logits.shape[-1]
     n = math.prod(lead)
@@ -107,10 +95,10 @@ def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, blo
         raise ValueError(f"row_weights/valid_mask must broadcast to the rows {tuple(lead)}: {e}") from None
     if (static < 0).any():
         raise ValueError("row weights must be >= 0")
-    if weight_scheme == "dpace":
+    if position_weighting == "dpace":
         if block_size is None:
             if len(lead) < 2:
-                raise ValueError("weight_scheme='dpace' needs block_size or draft_logits shaped [Nb, B, Vd]")
+                raise ValueError("position_weighting='dpace' needs block_size or draft_logits shaped [Nb, B, Vd]")
             block_size = lead[-1]
         if n % block_size:
             raise ValueError(f"{n} rows do not split into blocks of {block_size}")
@@ -207,7 +195,7 @@ def compound_loss(
     spec: dict[str, float],
     chunk_size: int | None = None,
     *,
-    weight_scheme: str = "static",
+    position_weighting: str = "exp",
     block_size: int | None = None,
     dpace_smoothing: float = 0.5,
     lk_eta: float = DEFAULT_LK_ETA,
@@ -221,14 +209,14 @@ def compound_loss(
         teacher_logprobs: ``[..., Vd]`` target log-probabilities at the draft vocabulary (no gradient).
         row_weights: per-row weights, one per row in any layout (``[N]`` or ``[Nb, B]``) or broadcastable to the
             rows (e.g. ``position_weights(B)`` for ``[Nb, B, Vd]`` logits), or None for ones. With
-            ``weight_scheme="dpace"`` they multiply the D-PACE weights: pass the 0/1 trained-slot mask
-            (``position_weights(B, scheme="dpace", ...)``).
+            ``position_weighting="dpace"`` they multiply the D-PACE weights: pass the 0/1 trained-slot mask
+            (``position_weights(B, position_weighting="dpace", ...)``).
         valid_mask: per-row validity (bool or 0/1), one per row or broadcastable, or None for all valid.
         spec: loss weights over ``LOSS_NAMES``, e.g. ``{"ce": 0.1, "tv": 0.9}`` or ``{"lk_hybrid": 1.0}``.
         chunk_size: rows per chunk; None picks one that keeps the fp32 temporaries small relative to the logits
             (≤ 2^23 elements per temporary and ≤ 1/32 of the logits, at least 2^20 elements).
-        weight_scheme: ``"static"`` (row_weights as given) or ``"dpace"`` (times D-PACE weights from the detached α;
-            needs ``block_size`` unless the logits are ``[Nb, B, Vd]``).
+        position_weighting: ``"exp"`` or ``"uniform"`` (static: row_weights as given) or ``"dpace"`` (times D-PACE
+            weights from the detached α; needs ``block_size`` unless the logits are ``[Nb, B, Vd]``).
         lk_eta: η of the ``lk_hybrid`` weight λ = exp(−η·sg[α]) (>= 0; 3 as in the LK paper).
         nla_alpha_min: ε of ``nla`` = −log max(α, ε), in (0, 1).
         retain_grad_buffer: keep the gradient buffer so backward can run more than once.
@@ -236,7 +224,7 @@ def compound_loss(
     spec = validate_spec(spec)
     lk_eta, nla_alpha_min = validate_loss_options(lk_eta, nla_alpha_min)
     logits2d, teacher2d, static, lead, bsz = _flatten_inputs(
-        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, weight_scheme
+        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting
     )
     n, vd = logits2d.shape
     if chunk_size is None:
@@ -251,7 +239,7 @@ def compound_loss(
         static,
         tuple(spec.items()),
         (int(chunk_size), float(dpace_smoothing), lk_eta, nla_alpha_min),
-        bsz if weight_scheme == "dpace" else None,
+        bsz if position_weighting == "dpace" else None,
         need_grad,
         bool(retain_grad_buffer),
     )
@@ -275,7 +263,7 @@ def compound_loss_reference(
     spec: dict[str, float],
     chunk_size: int | None = None,  # accepted for signature compatibility; unused
     *,
-    weight_scheme: str = "static",
+    position_weighting: str = "exp",
     block_size: int | None = None,
     dpace_smoothing: float = 0.5,
     lk_eta: float = DEFAULT_LK_ETA,
@@ -287,13 +275,13 @@ def compound_loss_reference(
     spec = validate_spec(spec)
     lk_eta, nla_alpha_min = validate_loss_options(lk_eta, nla_alpha_min)
     z, lp, static, lead, bsz = _flatten_inputs(
-        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, weight_scheme
+        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting
     )
     cd = _compute_dtype(z)
     logq = torch.log_softmax(z.to(cd), dim=-1)
     per, alpha, t = reference_terms(logq, lp.detach().to(cd), lk_eta, nla_alpha_min)
     w = static.to(cd)
-    if weight_scheme == "dpace":
+    if position_weighting == "dpace":
         w = w * dpace_weights(alpha.view(-1, bsz), (w > 0).view(-1, bsz), smoothing=dpace_smoothing).reshape(-1)
     denom = w.sum()
     denom = torch.where(denom > 0, denom, torch.ones_like(denom))

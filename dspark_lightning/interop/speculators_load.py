@@ -1,6 +1,6 @@
 """Load a directory in the speculators DSpark (or DFlash) format back into a ``DSparkDrafter``.
 
-The format and the config conversion are ``dspark_lightning.speculators_format``; this module reads the tensors,
+The format and the config conversion are ``interop/speculators_format.py``; this module reads the tensors,
 maps the draft vocabulary and the CandidateSelector layout back to ours, and shares the target's embedding and LM
 head with the drafter (never copied).
 """
@@ -14,9 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
-from dspark_lightning.selector_convert import read_candidate_selector
-from dspark_lightning.speculators_format import (
+from dspark_lightning.interop.speculators_format import (
     CONFIG_NAME,
     DRAFT_ROW_TENSORS,
     SELECTOR_PREFIX,
@@ -27,6 +25,8 @@ from dspark_lightning.speculators_format import (
     drafter_configs,
     markov_head_config,
 )
+from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+from dspark_lightning.selector.convert import read_candidate_selector
 
 
 def read_exported(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:

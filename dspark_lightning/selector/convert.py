@@ -42,8 +42,8 @@ def _check_dflash2_form(head: MarkovHead) -> None:
     if not head.config.is_selector_form or head.gate_proj.bias is not None:
         raise ValueError(
             "only a MarkovHead(kind='gated', gate_input='hidden', gate_activation='identity') without gate bias "
-            f"has the DFlash-2 CandidateSelector form; got kind={head.kind!r}, "
-            f"gate_input={head.gate_input!r}, gate_activation={head.gate_activation!r}"
+            f"has the DFlash-2 CandidateSelector form; got kind={head.config.kind!r}, "
+            f"gate_input={head.config.gate_input!r}, gate_activation={head.config.gate_activation!r}"
         )
 
 
@@ -56,7 +56,7 @@ def to_candidate_selector(
     if d2t is not None:
         if d2t.shape != (head.draft_vocab_size,):
             raise ValueError(f"d2t must have shape [{head.draft_vocab_size}], got {tuple(d2t.shape)}")
-        full = successor.new_zeros(head.verifier_vocab_size, head.rank)
+        full = successor.new_zeros(head.verifier_vocab_size, head.config.rank)
         successor = full.index_copy_(0, d2t.to(successor.device), successor)
     return {
         prefix + PREDECESSOR_KEY: head.markov_w1.weight.detach().clone(),

@@ -1,0 +1,33 @@
+"""Other tools' formats: the speculators DSpark format (``speculators_format``), loading such a directory
+(``speculators_load``), exporting a checkpoint to it (``export``, the ``export`` command) and materialising a GGUF
+target as a Hugging Face directory (``gguf_import``, the ``import-gguf`` command)."""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "CONFIG_NAME": "dspark_lightning.interop.speculators_format",
+    "EXPORT_DTYPES": "dspark_lightning.interop.speculators_format",
+    "WEIGHTS_NAME": "dspark_lightning.interop.speculators_format",
+    "build_config": "dspark_lightning.interop.speculators_format",
+    "drafter_configs": "dspark_lightning.interop.speculators_format",
+    "markov_head_config": "dspark_lightning.interop.speculators_format",
+    "load_exported": "dspark_lightning.interop.speculators_load",
+    "read_exported": "dspark_lightning.interop.speculators_load",
+    "export_checkpoint": "dspark_lightning.interop.export",
+    "export_command": "dspark_lightning.interop.export",
+    "export_drafter": "dspark_lightning.interop.export",
+    "exported_tensors": "dspark_lightning.interop.export",
+    "read_checkpoint": "dspark_lightning.interop.export",
+    "import_gguf": "dspark_lightning.interop.gguf_import",
+    "import_gguf_command": "dspark_lightning.interop.gguf_import",
+    "resolve_gguf": "dspark_lightning.interop.gguf_import",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy exports, so reading the format or importing a GGUF does not pull in Lightning (``export`` does)."""
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
