@@ -5,11 +5,6 @@ They are thin layers over the framework's own entry points, so a notebook shows 
 - runs: ``demo_fit_args`` (the ``fit`` arguments of a CPU-sized demo run: ``configs/quickstart.yaml`` + a head
   config + overrides), ``shell_command`` (the same as a shell line), ``command_line`` (a tool call as the line that
   makes it), ``find_runs`` / ``run_label`` (discover run directories and name them by head and block size);
-- measuring a trained ``DSparkModule``: ``collect_blocks`` (validation blocks with everything the Selector and
-  calibration analyses need, from ``module.shared_step`` on the deterministic evaluation anchors, i.e. the same
-  blocks as the validation metrics), ``heldout_calibration`` (sequential temperature scaling fitted on half of the
-  blocks, ECE and reliability bins measured on the other half), ``reliability_bins``, ``measured_decoding`` (greedy
-  speculative decoding with the target through ``evaluate.decode_table``);
 - output hygiene: ``quiet_logs`` / ``quieted`` (Lightning info lines, HF progress bars and a list of known harmless
   warnings off).
 
@@ -25,16 +20,9 @@ import contextlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from dspark_lightning.calibration import fit_sequential_temperatures, prefix_ece, prefix_quantities
-from dspark_lightning.evaluate import decode_table
 from dspark_lightning.lightning.config import migrate_hparams
-from dspark_lightning.lightning.step import evaluation_steps
-from dspark_lightning.metrics import bin_sums
 from dspark_lightning.models.markov import MarkovHeadConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -169,98 +157,6 @@ def find_runs(root: str | Path) -> list[Path]:
     """Every run directory (one holding ``metrics.csv``) at or below ``root``, sorted by path."""
     root = Path(root)
     return sorted(p.parent for p in root.rglob("metrics.csv"))
-
-
-# ---------------------------------------------------------------------------------------------------- measuring
-@dataclass
-class ValidationBlocks:
-    """Validation blocks of a trained drafter, flattened to N blocks of B' trained slots (B' = B, or B-1 in the
-    DFlash convention): everything the Selector and the confidence analyses need."""
-
-    base_logits: torch.Tensor  # [N, B', Vd]
-    hidden: torch.Tensor  # [N, B', H]
-    first_prev: torch.Tensor  # [N] target id before slot 0 (the anchor)
-    teacher_logprobs: torch.Tensor  # [N, B', Vd]
-    valid: torch.Tensor  # [N, B'] bool
-    alpha: torch.Tensor  # [N, B'] analytic acceptance probability of the drafter (with its Markov head)
-    confidence_logits: torch.Tensor | None  # [N, B'] or None without a confidence head
-
-    @property
-    def num_blocks(self) -> int:
-        return int(self.valid.shape[0])
-
-
-@torch.no_grad()
-def collect_blocks(module, dataloader, max_blocks: int = 512) -> ValidationBlocks:
-    """Run ``module.shared_step`` on validation batches with the deterministic evaluation anchors (the same blocks
-    the validation metrics use) and keep up to ``max_blocks`` blocks that have a valid slot."""
-
-    module.eval()
-    first = module.drafter_config.first_trained_slot
-    parts: dict[str, list[torch.Tensor]] = {}
-    have = 0
-    for step in evaluation_steps(module, dataloader):
-        alpha, valid, out = step.alpha, step.valid, step.drafter_output
-        keep = valid.any(dim=1)
-        take = max_blocks - have
-
-        def flat(t, take=take, keep=keep):
-            return t.flatten(0, 1)[keep][:take].detach().cpu()
-
-        fields = {
-            "base_logits": flat(out.base_logits)[:, first:].float(),
-            "hidden": flat(out.hidden)[:, first:].float(),
-            "first_prev": flat(out.prev_tokens)[:, first],
-            "teacher_logprobs": flat(out.teacher_logprobs)[:, first:].float(),
-            "valid": valid[keep][:take].cpu(),
-            "alpha": alpha[keep][:take].float().cpu(),
-        }
-        if out.confidence_logits is not None:
-            fields["confidence_logits"] = flat(out.confidence_logits)[:, first:].float()
-        for key, value in fields.items():
-            parts.setdefault(key, []).append(value)
-        have += int(fields["valid"].shape[0])
-        if have >= max_blocks:
-            break
-    if not parts:
-        raise ValueError("the validation dataloader produced no blocks with a valid slot")
-    joined = {key: torch.cat(values) for key, values in parts.items()}
-    joined.setdefault("confidence_logits", None)
-    return ValidationBlocks(**joined)
-
-
-def reliability_bins(predicted: torch.Tensor, observed: torch.Tensor, valid: torch.Tensor, n_bins: int = 10):
-    """(mean predicted, mean observed, count) per equal-width bin of ``predicted`` (NaN for empty bins), as
-    ``plotting.reliability_diagram`` draws them."""
-    counts, pred_sum, obs_sum = bin_sums(predicted[valid].double(), observed[valid].double(), n_bins)
-    counts = counts.double()
-    return (pred_sum / counts).tolist(), (obs_sum / counts).tolist(), counts.tolist()
-
-
-def heldout_calibration(blocks: ValidationBlocks, n_bins: int = 10) -> dict:
-    """Sequential temperature scaling fitted on the even blocks, scored on the odd ones.
-
-    Returns ``temperatures`` [B'], ``ece_before`` / ``ece_after`` (prefix-survival ECE on the held-out half) and the
-    reliability bins before and after (``bins_before`` / ``bins_after``: (predicted, observed, counts)).
-    """
-    if blocks.confidence_logits is None:
-        raise ValueError("this drafter has no confidence head")
-    fit_half, test_half = slice(0, None, 2), slice(1, None, 2)
-    logits, alpha, valid = blocks.confidence_logits, blocks.alpha, blocks.valid
-    temperatures, _ = fit_sequential_temperatures(logits[fit_half], alpha[fit_half], valid[fit_half], n_bins)
-    ones = torch.ones_like(temperatures)
-    result = {"temperatures": temperatures.tolist(), "heldout_blocks": int(valid[test_half].shape[0])}
-    for name, temps in (("before", ones), ("after", temperatures)):
-        args = (logits[test_half], alpha[test_half], valid[test_half], temps)
-        result[f"ece_{name}"] = float(prefix_ece(*args, n_bins=n_bins))
-        result[f"bins_{name}"] = reliability_bins(*prefix_quantities(*args), n_bins=n_bins)
-    return result
-
-
-def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
-    """Greedy speculative decoding per mode on ``prompts`` -> {mode: decode_table row}."""
-    rows = decode_table(module, prompts, modes, 0.0, [None], max_new_tokens, k)
-    return {row["mode"]: row for row in rows}
 
 
 # ---------------------------------------------------------------------------------------------------- output

@@ -23,7 +23,8 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from dspark_lightning.cache_writer import cache_command
 from dspark_lightning.data.regenerate import regenerate_command
 from dspark_lightning.draft_vocab import draft_vocab_command
-from dspark_lightning.evaluate import calibrate_command, decode_command
+from dspark_lightning.evaluation.calibrate_command import calibrate_command
+from dspark_lightning.evaluation.decode_command import decode_command
 from dspark_lightning.export import export_command
 from dspark_lightning.import_gguf import import_gguf_command
 from dspark_lightning.lightning.cli import LIGHTNING_COMMANDS, lightning_main

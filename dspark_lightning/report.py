@@ -8,7 +8,7 @@ gets from ``dspark-lightning fit --config configs/quickstart.yaml --config confi
 overrides) and then measures, on the same model object:
 
 - teacher-forced tau and greedy tau on the validation blocks (the last validation of ``fit``);
-- measured tau: real greedy speculative decoding (``speculative_generate`` via ``evaluate.decode_table``) on the
+- measured tau: real greedy speculative decoding (``speculative_generate`` via ``evaluation.decode_tables``) on the
   validation eval prompts, tokens per target forward; ``markov`` mode (``parallel`` for the head-less drafter), plus
   ``selector`` mode (top-k walk) where the head has a Selector form;
 - Selector agreement / coverage at k (``selector.equivalence_report``; n/a for ``none`` and ``rnn``);
@@ -47,16 +47,12 @@ from typing import Literal
 import torch
 from jsonargparse.typing import PositiveInt
 
-from dspark_lightning.analysis import (
-    collect_blocks,
-    command_line,
-    demo_fit_args,
-    heldout_calibration,
-    measured_decoding,
-    quieted,
-)
+from dspark_lightning.analysis import command_line, demo_fit_args, quieted
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.decoding import supported_modes
+from dspark_lightning.evaluation.calibration_stats import heldout_calibration
+from dspark_lightning.evaluation.decode_tables import measured_decoding
+from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.lightning.cli import lightning_main
 from dspark_lightning.selector import equivalence_report
 

@@ -48,8 +48,9 @@ import torch
 
 from dspark_lightning import plotting
 from dspark_lightning.analysis import REPO_ROOT as REPO
-from dspark_lightning.analysis import demo_fit_args, measured_decoding, quiet_logs, shell_command
+from dspark_lightning.analysis import demo_fit_args, quiet_logs, shell_command
 from dspark_lightning.cli import cli_main
+from dspark_lightning.evaluation.decode_tables import measured_decoding
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from dspark_lightning import analysis, report
-from dspark_lightning.calibration import expected_calibration_error
 from dspark_lightning.cli import cli_main
+from dspark_lightning.evaluation.calibration import expected_calibration_error
+from dspark_lightning.evaluation.calibration_stats import reliability_bins
 
 
 def test_tiny_report_writes_everything(tmp_path):
@@ -103,7 +104,7 @@ def test_reliability_bins_reproduce_the_ece():
     predicted = torch.rand(500, generator=generator)
     observed = (predicted + 0.2 * torch.randn(500, generator=generator)).clamp(0, 1)
     valid = torch.rand(500, generator=generator) > 0.2
-    mean_pred, mean_obs, counts = analysis.reliability_bins(predicted, observed, valid)
+    mean_pred, mean_obs, counts = reliability_bins(predicted, observed, valid)
     assert sum(counts) == int(valid.sum())
     ece = sum(n * abs(p - o) for p, o, n in zip(mean_pred, mean_obs, counts) if n) / sum(counts)
     assert ece == pytest.approx(float(expected_calibration_error(predicted, observed, valid)), rel=1e-9)
