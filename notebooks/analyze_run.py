@@ -45,13 +45,14 @@ import pandas as pd
 import torch
 import yaml
 
-from dspark_lightning.analysis import REPO_ROOT, demo_fit_args, find_runs, quiet_logs, run_label
 from dspark_lightning.cli import cli_main
 from dspark_lightning.evaluation.calibration_stats import heldout_calibration
 from dspark_lightning.evaluation.decode_tables import measured_decoding
 from dspark_lightning.evaluation.loading import load_trained
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.selector import equivalence_report
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import REPO_ROOT, demo_fit_args, find_runs, run_label
 
 torch.set_num_threads(1)
 quiet_logs()

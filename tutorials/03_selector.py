@@ -45,7 +45,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from dspark_lightning.analysis import demo_fit_args, quiet_logs
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.evaluation.decode_tables import measured_decoding
@@ -53,6 +52,8 @@ from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report, pair_scores, selector_decode, sequential_decode
 from dspark_lightning.selector_convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import demo_fit_args
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off

@@ -41,13 +41,14 @@ import pandas as pd
 import torch
 
 from dspark_lightning import plotting
-from dspark_lightning.analysis import demo_fit_args, quiet_logs
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.evaluation.calibration import prefix_quantities
 from dspark_lightning.evaluation.calibration_stats import heldout_calibration
 from dspark_lightning.evaluation.decode_tables import decode_table
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import demo_fit_args
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off
