@@ -41,7 +41,7 @@ COLUMNS = ["context", "repeats", "cached_ms", "uncached_ms", "ratio", "cached_mi
 def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length: int):
     """(target, drafter, prompts, description) from a checkpoint, or an untrained drafter for ``target``."""
     if ckpt:
-        from dspark_lightning.evaluate import load_trained
+        from dspark_lightning.evaluation.loading import load_trained
 
         module, data = load_trained(ckpt, num_eval_prompts=num_prompts)
         prompts = data.eval_prompts()[:num_prompts]

@@ -156,7 +156,7 @@ def run(quick=False, out_dir=RESULTS, target=None, ckpt=None, mode="markov", thr
     start = time.perf_counter()
     module = prompts = None
     if ckpt:
-        from dspark_lightning.evaluate import load_trained
+        from dspark_lightning.evaluation.loading import load_trained
 
         module, data = load_trained(ckpt, num_eval_prompts=num_prompts)
         prompts = data.eval_prompts()[:num_prompts]

@@ -23,15 +23,16 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from dspark_lightning.data.regenerate import regenerate_command
 from dspark_lightning.errors import UserError
-from dspark_lightning.evaluate import calibrate_command, decode_command
+from dspark_lightning.evaluation.calibrate_command import calibrate_command
+from dspark_lightning.evaluation.decode_command import decode_command
 from dspark_lightning.interop.export import export_command
 from dspark_lightning.interop.gguf_import import import_gguf_command
 from dspark_lightning.lightning.cli import LIGHTNING_COMMANDS, lightning_main
-from dspark_lightning.loss_study import loss_study_command
 from dspark_lightning.preparation.draft_vocab import draft_vocab_command
 from dspark_lightning.preparation.feature_cache import cache_command
-from dspark_lightning.report import report_command
-from dspark_lightning.report_smollm2 import report_smollm2_command
+from dspark_lightning.studies.demo_report import report_command
+from dspark_lightning.studies.loss_study import loss_study_command
+from dspark_lightning.studies.recipe_report import report_recipe_command
 
 TOOL_COMMANDS: dict[str, Callable[..., object]] = {
     "import-gguf": import_gguf_command,
@@ -42,7 +43,7 @@ TOOL_COMMANDS: dict[str, Callable[..., object]] = {
     "calibrate": calibrate_command,
     "export": export_command,
     "report": report_command,
-    "report-smollm2": report_smollm2_command,
+    "report-recipe": report_recipe_command,
     "loss-study": loss_study_command,
 }
 

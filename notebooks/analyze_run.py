@@ -45,19 +45,14 @@ import pandas as pd
 import torch
 import yaml
 
-from dspark_lightning.analysis import (
-    REPO_ROOT,
-    collect_blocks,
-    demo_fit_args,
-    find_runs,
-    heldout_calibration,
-    measured_decoding,
-    quiet_logs,
-    run_label,
-)
 from dspark_lightning.cli import cli_main
-from dspark_lightning.evaluate import load_trained
+from dspark_lightning.evaluation.calibration_stats import heldout_calibration
+from dspark_lightning.evaluation.decode_tables import measured_decoding
+from dspark_lightning.evaluation.loading import load_trained
+from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.selector import equivalence_report
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import REPO_ROOT, demo_fit_args, find_runs, run_label
 
 torch.set_num_threads(1)
 quiet_logs()
@@ -180,9 +175,10 @@ fig.tight_layout()
 # %% [markdown]
 # ## 3-5. From the checkpoints
 #
-# Each checkpoint is re-loaded with `evaluate.load_trained` (model and data module from the checkpoint's own
-# hyper-parameters; the frozen target from its recorded path) and evaluated on validation blocks
-# (`analysis.collect_blocks`, the deterministic blocks of the validation metrics) and on the data module's eval prompts.
+# Each checkpoint is re-loaded with `evaluation.loading.load_trained` (model and data module from the checkpoint's
+# own hyper-parameters; the frozen target from its recorded path) and evaluated on validation blocks
+# (`evaluation.validation_blocks.collect_blocks`, the deterministic blocks of the validation metrics) and on the data
+# module's eval prompts.
 
 # %%
 loaded = []
@@ -197,7 +193,8 @@ for info in [info for info in infos if info["ckpt"] is not None][:MAX_RUNS]:
 # ### 3. Calibration of the confidence head
 #
 # Reliability of the prefix survival `a_n = c_0 ··· c_n` against the observed prefix acceptance, on half of the
-# blocks, before and after sequential temperature scaling fitted on the other half (`analysis.heldout_calibration`).
+# blocks, before and after sequential temperature scaling fitted on the other half
+# (`evaluation.calibration_stats.heldout_calibration`).
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark_lightning.calibration import expected_calibration_error, fit_sequential_temperatures, prefix_ece
+from dspark_lightning.evaluation.calibration import expected_calibration_error, fit_sequential_temperatures, prefix_ece
 
 
 def test_ece_by_hand():

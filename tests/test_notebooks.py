@@ -19,8 +19,8 @@ import pytest
 from helpers.paths import ROOT
 from nbclient import NotebookClient
 
-from dspark_lightning.analysis import demo_fit_args
 from dspark_lightning.cli import cli_main
+from dspark_lightning.studies.runs import demo_fit_args
 
 NOTEBOOK_DIRS = (ROOT / "tutorials", ROOT / "notebooks")
 NOTEBOOKS = sorted(p for d in NOTEBOOK_DIRS for p in d.glob("*.ipynb"))

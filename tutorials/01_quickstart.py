@@ -46,9 +46,9 @@ import yaml
 from IPython.display import Image, display
 
 from dspark_lightning import plotting
-from dspark_lightning.analysis import REPO_ROOT as REPO
-from dspark_lightning.analysis import quiet_logs
 from dspark_lightning.cli import cli_main
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import REPO_ROOT as REPO
 
 torch.set_num_threads(1)  # tiny models: more threads only fight over the CPU
 quiet_logs()  # Lightning's info lines and a few known, harmless warnings off

@@ -47,9 +47,12 @@ import pandas as pd
 import torch
 
 from dspark_lightning import plotting
-from dspark_lightning.analysis import REPO_ROOT as REPO
-from dspark_lightning.analysis import demo_fit_args, measured_decoding, quiet_logs, shell_command
 from dspark_lightning.cli import cli_main
+from dspark_lightning.evaluation.decode_tables import measured_decoding
+from dspark_lightning.studies.command_lines import shell_command
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import REPO_ROOT as REPO
+from dspark_lightning.studies.runs import demo_fit_args
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off
@@ -62,7 +65,7 @@ STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "200"))
 PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "8"))
 
 # %% [markdown]
-# `demo_fit_args` (from `dspark_lightning.analysis`, shared with `dspark-lightning report`) builds the same kind of
+# `demo_fit_args` (from `dspark_lightning.studies.runs`, shared with `dspark-lightning report`) builds the same kind of
 # argument list as tutorial 01: the quickstart config, one head config, and overrides for a CPU budget. This is what
 # it passes for the gated head:
 

@@ -45,12 +45,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from dspark_lightning.analysis import collect_blocks, demo_fit_args, measured_decoding, quiet_logs
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
+from dspark_lightning.evaluation.decode_tables import measured_decoding
+from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report, pair_scores, selector_decode, sequential_decode
 from dspark_lightning.selector.convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import demo_fit_args
 
 torch.set_num_threads(1)
 quiet_logs()  # Lightning info lines and known harmless warnings off

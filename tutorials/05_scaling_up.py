@@ -28,9 +28,9 @@ import io
 import pandas as pd
 import yaml
 
-from dspark_lightning.analysis import REPO_ROOT as REPO
-from dspark_lightning.analysis import quiet_logs
 from dspark_lightning.cli import cli_main
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import REPO_ROOT as REPO
 
 quiet_logs()
 

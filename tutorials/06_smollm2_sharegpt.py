@@ -37,8 +37,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from dspark_lightning.analysis import REPO_ROOT as REPO
-from dspark_lightning.analysis import quiet_logs
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.records import iter_local_records
 from dspark_lightning.data.regenerate import regenerate
@@ -46,6 +44,8 @@ from dspark_lightning.data.sharegpt import BadRecordCounter, IdSplit, iter_conve
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.interop import import_gguf
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+from dspark_lightning.studies.quiet_output import quiet_logs
+from dspark_lightning.studies.runs import REPO_ROOT as REPO
 
 quiet_logs()
 torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """The LightningCLI of ``fit``, ``validate`` and ``test`` over ``DSparkModule`` and ``ShareGPTDataModule``.
 
-Below the commands, so a command that trains (``report``, ``loss-study``, ``report-smollm2``) runs exactly what
+Below the commands, so a command that trains (``report``, ``loss-study``, ``report-recipe``) runs exactly what
 ``dspark-lightning fit`` runs without importing the command table above it.
 
 The model's options are four groups (``model.target``, ``model.drafter``, ``model.loss``, ``model.training``; see

@@ -11,7 +11,7 @@ from helpers.paths import ROOT
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
-from dspark_lightning.evaluate import load_trained
+from dspark_lightning.evaluation.loading import load_trained
 
 
 @pytest.fixture(scope="module")

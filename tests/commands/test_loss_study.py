@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from dspark_lightning import loss_study
 from dspark_lightning.cli import cli_main
+from dspark_lightning.studies import loss_study, loss_study_results
+from dspark_lightning.studies.runs import REPO_ROOT
 
 
 def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
@@ -69,7 +70,7 @@ def group(label, values):
         }
         for i, v in enumerate(values)
     ]
-    return loss_study.aggregate(label, runs)
+    return loss_study_results.aggregate(label, runs)
 
 
 def test_aggregate_and_significance_rule():
@@ -79,11 +80,11 @@ def test_aggregate_and_significance_rule():
     assert a["measured_accepted_per_slot"][1] == pytest.approx(1.6)
     b = group("b", [1.2, 1.22])  # |Δ| = 0.39 > 0.141 + 0.014
     c = group("c", [1.45, 1.55])  # |Δ| = 0.1 < 0.141 + 0.071
-    s = loss_study.significance(a, b, "teacher_tau")
+    s = loss_study_results.significance(a, b, "teacher_tau")
     assert s["delta"] == pytest.approx(0.39) and s["significant"]
-    assert not loss_study.significance(a, c, "teacher_tau")["significant"]
+    assert not loss_study_results.significance(a, c, "teacher_tau")["significant"]
     one, other = group("x", [1.0]), group("y", [2.0])
-    assert not loss_study.significance(one, other, "measured_tau")["significant"]  # one seed: never significant
+    assert not loss_study_results.significance(one, other, "measured_tau")["significant"]  # one seed: never significant
 
 
 def test_unknown_loss_or_no_seed_fails_before_training(tmp_path):
@@ -99,7 +100,7 @@ def test_loss_configs_compose_and_bad_options_name_themselves(capsys):
     from dspark_lightning.lightning.config import LossArgs, TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
 
-    root = loss_study.REPO_ROOT
+    root = REPO_ROOT
     with pytest.raises(SystemExit):
         cli_main(["fit", f"--config={root}/configs/quickstart.yaml", f"--config={root}/configs/losses/lk_hybrid.yaml",
                   "--model.loss.lk_eta=1.5", "--print_config"])  # fmt: skip

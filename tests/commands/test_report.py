@@ -1,4 +1,4 @@
-"""``dspark-lightning report``: a tiny report end to end, and ``dspark_lightning.analysis`` (shared with the notebooks)."""
+"""``dspark-lightning report``: a tiny report end to end, and the studies' helpers (shared with the notebooks)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import math
 import pytest
 import torch
 
-from dspark_lightning import analysis, report
-from dspark_lightning.calibration import expected_calibration_error
 from dspark_lightning.cli import cli_main
+from dspark_lightning.evaluation.calibration import expected_calibration_error
+from dspark_lightning.evaluation.calibration_stats import reliability_bins
+from dspark_lightning.studies import demo_report as report
+from dspark_lightning.studies.command_lines import shell_command
+from dspark_lightning.studies.recipes import load_recipe
+from dspark_lightning.studies.runs import REPO_ROOT, find_runs, run_label
 
 
 def test_tiny_report_writes_everything(tmp_path):
@@ -64,7 +68,7 @@ def test_report_keeps_runs_when_asked(tmp_path):
     )  # fmt: skip
     (row,) = rows
     assert row["head"] == "rnn" and row["selector"] is None and row["measured_mode"] == "markov"
-    runs = analysis.find_runs(tmp_path / "runs")
+    runs = find_runs(tmp_path / "runs")
     assert [p.relative_to(tmp_path / "runs").as_posix() for p in runs] == ["rnn_b4/version_0"]
     assert (runs[0] / "checkpoints" / "last.ckpt").exists()
     assert not (tmp_path / "out" / "selector.png").exists()  # no Selector-form head, no Selector chart
@@ -95,7 +99,7 @@ def test_unknown_head_is_rejected(tmp_path):
     ],
 )  # fmt: skip
 def test_run_label(model, expected):
-    assert analysis.run_label(model) == expected
+    assert run_label(model) == expected
 
 
 def test_reliability_bins_reproduce_the_ece():
@@ -103,7 +107,7 @@ def test_reliability_bins_reproduce_the_ece():
     predicted = torch.rand(500, generator=generator)
     observed = (predicted + 0.2 * torch.randn(500, generator=generator)).clamp(0, 1)
     valid = torch.rand(500, generator=generator) > 0.2
-    mean_pred, mean_obs, counts = analysis.reliability_bins(predicted, observed, valid)
+    mean_pred, mean_obs, counts = reliability_bins(predicted, observed, valid)
     assert sum(counts) == int(valid.sum())
     ece = sum(n * abs(p - o) for p, o, n in zip(mean_pred, mean_obs, counts) if n) / sum(counts)
     assert ece == pytest.approx(float(expected_calibration_error(predicted, observed, valid)), rel=1e-9)
@@ -111,7 +115,7 @@ def test_reliability_bins_reproduce_the_ece():
 
 
 def test_shell_command_quotes_globs():
-    command = analysis.shell_command(["fit", "--data.train_files=a/*.jsonl", "--model.drafter.block_size=8"])
+    command = shell_command(["fit", "--data.train_files=a/*.jsonl", "--model.drafter.block_size=8"])
     assert command.splitlines()[0] == "dspark-lightning fit \\"
     assert "'--data.train_files=a/*.jsonl'" in command
 
@@ -120,3 +124,22 @@ def test_report_is_a_dspark_lightning_command():
     from dspark_lightning.cli import TOOL_COMMANDS
 
     assert TOOL_COMMANDS["report"] is report.report_command
+
+
+def test_recipes_load_by_name_or_path_and_name_their_errors(tmp_path):
+    by_name = load_recipe("smollm2")
+    assert (
+        by_name
+        == load_recipe("configs/recipes/smollm2.yaml")
+        == load_recipe(REPO_ROOT / "configs/recipes/smollm2.yaml")
+    )
+    assert by_name.fit_configs("vanilla") == ["--config", str(REPO_ROOT / by_name.fit_config)]  # the config's own head
+    assert by_name.fit_configs("gated")[-1] == str(REPO_ROOT / "configs/heads/gated.yaml")
+    other = tmp_path / "other.yaml"
+    other.write_text((REPO_ROOT / "configs/recipes/smollm2.yaml").read_text().replace("name: smollm2", "name: other"))
+    assert load_recipe(other).name == "other"  # a second target is one more file
+    other.write_text(other.read_text() + "extra: 1\n")
+    with pytest.raises(ValueError, match=r"unknown keys \['extra'\]"):
+        load_recipe(other)
+    with pytest.raises(FileNotFoundError, match="smollm2"):  # the error lists the recipes there are
+        load_recipe("no_such_recipe")

@@ -149,7 +149,8 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     fit_args = [f"--model.target.path={smollm2[0]}", "--data.seq_len=256", f"--data.train_cache={cache}"]
     fit_args += [f"--data.val_cache={cache}", f"--data.val_files={shipped}", "--model.drafter.max_anchors=8"]
     rows = cli_main(
-        ["report-smollm2", "--output", str(tmp_path / "report"), "--heads", "[vanilla]", "--steps", "2"]
+        ["report-recipe", "--recipe", "configs/recipes/smollm2.yaml", "--output", str(tmp_path / "report")]
+        + ["--heads", "[vanilla]", "--steps", "2"]
         + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]
         + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]
     )
@@ -160,14 +161,16 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["rows"][0]["head"] == "vanilla"
     made_by = (
-        f"dspark-lightning report-smollm2 --output {tmp_path / 'report'} --heads '[vanilla]' --steps 2 --num_prompts 2"
+        f"dspark-lightning report-recipe --recipe configs/recipes/smollm2.yaml --output {tmp_path / 'report'} "
+        "--heads '[vanilla]' --steps 2 --num_prompts 2"
     )
     assert results["command"].startswith(made_by) and results["rows"][0]["command"] == results["command"]
     assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "acceptance_per_slot.png").is_file()
     # a second sitting reuses the finished run (validated, not trained again), times the packed verify kernels and
     # the cost-model schedule
     again = cli_main(
-        ["report-smollm2", "--output", str(tmp_path / "report"), "--heads", "[vanilla]", "--steps", "2"]
+        ["report-recipe", "--recipe", "configs/recipes/smollm2.yaml", "--output", str(tmp_path / "report")]
+        + ["--heads", "[vanilla]", "--steps", "2"]
         + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]
         + ["--reuse_runs", "true", "--packed_verify", "true", "--cost_model", "true"]
         + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]

@@ -200,7 +200,7 @@ def test_tool_arguments_out_of_range_are_usage_errors(argv, option, capsys):
 
 
 def test_report_keeps_finished_variants_when_a_later_one_fails(tmp_path, monkeypatch):
-    from dspark_lightning import report
+    from dspark_lightning.studies import demo_report as report
 
     def fake(runs_dir, head, block_size, budget):
         if head == "gated":

@@ -248,14 +248,15 @@ def test_every_command_takes_help_config_and_print_config(tmp_path, capsys):
 
 
 def test_recorded_command_lines_parse_back_to_the_same_call():
-    """What report / loss-study / report-smollm2 write as "made by" parses, through the table, to the values given."""
-    from dspark_lightning.analysis import command_line
-    from dspark_lightning.report import Budget
+    """What report / loss-study / report-recipe write as "made by" parses, through the table, to the values given."""
+    from dspark_lightning.studies.command_lines import command_line
+    from dspark_lightning.studies.demo_report import Budget
 
     calls = {
         "report": {"output": "out dir", "heads": ["none", "gated"], "block_sizes": [8], "budget": Budget(steps=20)},
         "loss-study": {"output": "o", "losses": ["kl"], "seeds": [0, 3], "dpace": False, "threads": 2},
-        "report-smollm2": {
+        "report-recipe": {
+            "recipe": "configs/recipes/smollm2.yaml",
             "output": "o",
             "heads": ["vanilla"],
             "fit_args": ["--model.drafter.max_anchors=32", "--x=[1,2]"],

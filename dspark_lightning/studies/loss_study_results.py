@@ -14,12 +14,20 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.studies.recipes import load_recipe
+from dspark_lightning.studies.table_cells import format_mean_std
+
 METRICS = ("teacher_tau", "teacher_greedy_tau", "measured_tau")
-BASELINE = {"demo": "ce+tv", "smollm2": "kl"}  # each recipe's default loss (quickstart.yaml / smollm2_sharegpt.yaml)
-RECIPES = {  # --recipe -> (title of the report, base config)
-    "demo": ("the demo target", "configs/quickstart.yaml"),
-    "smollm2": ("SmolLM2-135M-Instruct + ShareGPT V3", "configs/smollm2_sharegpt.yaml"),
-}
+DEMO = ("the demo target", "configs/quickstart.yaml", "ce+tv")  # title, base config, its default loss (the Δ baseline)
+
+
+def study_recipe(study: dict) -> tuple[str, str, str]:
+    """(title of the report, base config, default loss) of the study's recipe; studies written before recipe files
+    were recorded name their recipe only (``configs/recipes/<name>.yaml``)."""
+    if study.get("recipe", "demo") == "demo":
+        return DEMO
+    recipe = load_recipe(study.get("recipe_file") or study["recipe"])
+    return recipe.title, recipe.fit_config, recipe.default_loss
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -54,23 +62,6 @@ def significance(a: dict, b: dict, key: str) -> dict:
     spread = a[f"{key}_std"] + b[f"{key}_std"]
     significant = min(a["n"], b["n"]) > 1 and abs(delta) > spread
     return {"delta": delta, "spread": spread, "significant": bool(significant)}
-
-
-def _clean(x):
-    """NaN -> None so that results.json is strict JSON."""
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    return x
-
-
-def _pm(mean: float, std: float, n: int) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    return f"{mean:.3f} ± {std:.3f}" if n > 1 else f"{mean:.3f}"
 
 
 def plot_study(groups: list[dict], output: Path) -> str:
@@ -120,9 +111,8 @@ def plot_study(groups: list[dict], output: Path) -> str:
 
 def markdown_report(study: dict, plot: str) -> str:
     groups, budget = study["groups"], study["budget"]
-    baseline = BASELINE[study.get("recipe", "demo")]
+    title, base_config, baseline = study_recipe(study)
     base = next((g for g in groups if g["label"] == baseline), None)
-    title, base_config = RECIPES[study.get("recipe", "demo")]
     if study.get("recipe", "demo") == "demo":
         sizes = (
             f"{budget['steps']} steps of {budget['batch_size']} packed rows x {budget['seq_len']} tokens, "
@@ -179,9 +169,10 @@ def markdown_report(study: dict, plot: str) -> str:
 
     for g in groups:
         lines.append(
-            f"| {g['label']} | {_pm(g['teacher_tau'], g['teacher_tau_std'], g['n'])} | {delta(g, 'teacher_tau')} "
-            f"| {_pm(g['teacher_greedy_tau'], g['teacher_greedy_tau_std'], g['n'])} "
-            f"| {_pm(g['measured_tau'], g['measured_tau_std'], g['n'])} | {delta(g, 'measured_tau')} "
+            f"| {g['label']} | {format_mean_std(g['teacher_tau'], g['teacher_tau_std'], g['n'])} "
+            f"| {delta(g, 'teacher_tau')} "
+            f"| {format_mean_std(g['teacher_greedy_tau'], g['teacher_greedy_tau_std'], g['n'])} "
+            f"| {format_mean_std(g['measured_tau'], g['measured_tau_std'], g['n'])} | {delta(g, 'measured_tau')} "
             f"| {g['fit_seconds']:.0f} |"
         )
     width = len(groups[0]["accept_rate_per_slot"])

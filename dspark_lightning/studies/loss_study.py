@@ -4,14 +4,15 @@
     dspark-lightning loss-study --output /tmp/s --losses '[kl,nla]' --seeds '[0]' --budget.steps 4   # a quick look
 
 Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``
-trained through the real CLI by :func:`dspark_lightning.report.train_and_evaluate` (same budget, data and measuring
-code as ``dspark-lightning report``); with ``--recipe smollm2`` the base config is ``configs/smollm2_sharegpt.yaml``
-(SmolLM2-135M-Instruct from its offline feature cache, trained and measured by ``report-smollm2``'s functions, without
-its wall-clock part; only ``steps`` and the evaluation sizes of the budget apply, the rest is the config's),
-with ``seed_everything``, ``model.training.seed`` and ``data.seed`` set to the seed, so seeds change the
-initialisation, the anchors and the data order. Runs go seed by seed; after the first seed's pass over the listed losses, the one with
-the highest teacher-forced tau is trained with D-PACE position weighting (``--model.loss.position_weighting dpace``;
-``--dpace false`` skips it) in every pass. The report is rewritten after every run.
+trained through the real CLI by :func:`dspark_lightning.studies.demo_report.train_and_evaluate` (same budget, data and
+measuring code as ``dspark-lightning report``). With ``--recipe`` naming a recipe (a YAML file, or a name resolved to
+``configs/recipes/<name>.yaml``, e.g. ``--recipe smollm2``) the base config is the recipe's fit config, trained and
+measured by ``report-recipe``'s functions without its wall-clock part; only ``steps`` and the evaluation sizes of the
+budget apply, the rest is the config's. Every run sets ``seed_everything``, ``model.training.seed`` and
+``data.seed`` to the seed, so seeds change the initialisation, the anchors and the data order. Runs go seed by seed;
+after the first seed's pass over the listed losses, the one with the highest teacher-forced tau is trained with
+D-PACE position weighting (``--model.loss.position_weighting dpace``; ``--dpace false`` skips it) in every pass. The
+report is rewritten after every run.
 
 Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
 rate per slot of real greedy speculative decoding with the target. Per loss: mean and sample standard deviation over
@@ -24,29 +25,23 @@ progress log) into ``--output``.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
-from dspark_lightning.loss_study_results import (  # noqa: F401 - aggregate/significance are public from here too
-    RECIPES,
-    _clean,
-    aggregate,
-    markdown_report,
-    plot_study,
-    rerender_study,
-    significance,
-)
-from dspark_lightning.report import Budget, train_and_evaluate
-from dspark_lightning.report_smollm2 import evaluate_head, fit_head
+from dspark_lightning.checks import dumps_json
+from dspark_lightning.studies.command_lines import command_line
+from dspark_lightning.studies.demo_report import Budget, train_and_evaluate
+from dspark_lightning.studies.loss_study_results import aggregate, markdown_report, plot_study, rerender_study
+from dspark_lightning.studies.quiet_output import quieted
+from dspark_lightning.studies.recipe_report import evaluate_head, fit_head
+from dspark_lightning.studies.recipes import Recipe, load_recipe, repo_relative
+from dspark_lightning.studies.runs import REPO_ROOT
 
 LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
     "kl": "kl",
@@ -73,10 +68,12 @@ def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
     return args + (["--model.loss.position_weighting=dpace"] if dpace else [])
 
 
-def train_and_evaluate_smollm2(runs_root: Path, head: str, budget: Budget, extra: Sequence[str], name: str) -> dict:
-    """One SmolLM2 variant: ``report-smollm2``'s fit (from the feature cache) and measurement, without wall clock."""
+def train_and_evaluate_recipe(
+    recipe: Recipe, runs_root: Path, head: str, budget: Budget, extra: Sequence[str], name: str
+) -> dict:
+    """One variant on a recipe: ``report-recipe``'s fit and measurement, without the wall clock."""
     start = time.perf_counter()
-    cli, checkpoint = fit_head(runs_root, head, budget.steps, extra, name=name)
+    cli, checkpoint = fit_head(recipe, runs_root, head, budget.steps, extra, name=name)
     fit_seconds = time.perf_counter() - start
     start = time.perf_counter()
     row = evaluate_head(
@@ -103,9 +100,10 @@ def run_study(
     recipe: str = "demo",
     extra: Sequence[str] = (),
 ) -> dict:
-    """Train every (loss, seed), then the best loss with D-PACE; write the study into ``output``; return it."""
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r} for the loss study; choose from {', '.join(RECIPES)}")
+    """Train every (loss, seed), then the best loss with D-PACE; write the study into ``output``; return it.
+
+    ``recipe``: "demo", or a recipe file or name (``recipes.load_recipe``)."""
+    loaded = None if recipe == "demo" else load_recipe(recipe)  # an unknown recipe fails before any training
     budget = budget or Budget()
     for loss in losses:
         loss_fit_args(loss, 0)  # unknown names fail before any training
@@ -130,11 +128,11 @@ def run_study(
     def train(label: str, loss: str, seed: int, with_dpace: bool) -> dict:
         name = f"{label.replace('+', '_')}_s{seed}"
         fit_args = [*loss_fit_args(loss, seed, with_dpace), *extra]
-        if recipe == "demo":
+        if loaded is None:
             row = train_and_evaluate(runs_root, head, block_size, budget, fit_args, name)
         else:
-            row = train_and_evaluate_smollm2(
-                runs_root, head, budget, [*fit_args, f"--model.drafter.block_size={block_size}"], name
+            row = train_and_evaluate_recipe(
+                loaded, runs_root, head, budget, [*fit_args, f"--model.drafter.block_size={block_size}"], name
             )
         row.update(label=label, loss=loss, seed=seed, dpace=with_dpace)
         row["run_dir"] = row["run_dir"] if keep else None
@@ -153,7 +151,8 @@ def run_study(
             "command": command,
             "seconds": seconds,
             "cpu_seconds": cpu_seconds,  # this process, all its threads (the CLI runs in-process)
-            "recipe": recipe,
+            "recipe": "demo" if loaded is None else loaded.name,
+            "recipe_file": None if loaded is None else str(repo_relative(loaded.path)),
             "head": head,
             "block_size": block_size,
             "seeds": list(seeds),
@@ -167,7 +166,7 @@ def run_study(
     def write(study: dict) -> None:
         plot = plot_study(study["groups"], output)
         (output / "report.md").write_text(markdown_report(study, plot))
-        (output / "results.json").write_text(json.dumps(_clean(study), indent=2))
+        (output / "results.json").write_text(dumps_json(study, indent=2))  # strict: NaN is null
 
     log(f"{command}: {total} runs, head {head}, B = {block_size}, {budget.steps} steps each")
     # Seed-major order, the study rewritten after every run: a long study that is stopped keeps a complete report
@@ -197,7 +196,7 @@ def loss_study_command(
     output: str,
     losses: list[str] = list(DEFAULT_LOSSES),  # noqa: B006 (read only; jsonargparse shows it)
     seeds: list[NonNegativeInt] = [0, 1],  # noqa: B006
-    recipe: Literal["demo", "smollm2"] = "demo",
+    recipe: str = "demo",
     head: str = "vanilla",
     block_size: PositiveInt = 8,
     dpace: bool = True,
@@ -213,8 +212,8 @@ def loss_study_command(
         output: directory for report.md, results.json, the PNG and log.txt
         losses: drafter losses (configs/losses/<name>.yaml; names as in LOSS_CONFIGS)
         seeds: seeds per loss
-        recipe: demo (configs/quickstart.yaml) or smollm2 (configs/smollm2_sharegpt.yaml: SmolLM2-135M-Instruct from
-            its feature cache; only budget.steps and the evaluation sizes apply)
+        recipe: demo (configs/quickstart.yaml), or a recipe: a YAML file, or a name for configs/recipes/<name>.yaml
+            (e.g. smollm2: its fit config; only budget.steps and the evaluation sizes apply)
         head: Markov head (configs/heads/<name>.yaml)
         block_size: draft block size B
         dpace: after the losses, train the best one once more with D-PACE position weighting

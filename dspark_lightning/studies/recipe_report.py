@@ -1,16 +1,16 @@
-"""``dspark-lightning report-smollm2``: train every head on the SmolLM2-135M-Instruct recipe and measure it.
+"""``dspark-lightning report-recipe``: train every head on a recipe (``configs/recipes/<name>.yaml``) and measure it.
 
-    dspark-lightning report-smollm2 --output reports/smollm2                    # none/vanilla/gated/rnn/selector
-    dspark-lightning report-smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2   # a smoke run
+    dspark-lightning report-recipe --recipe configs/recipes/smollm2.yaml --output reports/smollm2   # the recipe's heads
+    dspark-lightning report-recipe --recipe smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2
 
-Each head is trained by ``fit`` with ``configs/smollm2_sharegpt.yaml`` + ``configs/heads/<head>.yaml`` (from the
-offline feature cache), then re-loaded with the full 30-layer target (``target.features="online"``) and measured by
-the same ``report.evaluate_variant`` as the demo report: teacher-forced tau on the cached validation rows, measured
-greedy tau on held-out prompts (the validation split: no training step saw them), acceptance per slot, Selector
-agreement / coverage at k and the Selector's measured tau, calibration before/after temperature scaling. On top, the
-wall-clock comparison that decides whether a drafter pays for itself (``decoding.measure_speedup``): new tokens per
-second of ``speculative_generate`` against the target's own greedy ``generate`` on the same prompts, timed
-alternately prompt by prompt in one process, with the outputs checked equal, and the drafter's time per step.
+Each head is trained by ``fit`` with the recipe's fit config + ``configs/heads/<head>.yaml`` (``Recipe.fit_configs``),
+then re-loaded with the whole target (``target.features="online"``) and measured by the same
+``head_measurements.evaluate_variant`` as the demo report: teacher-forced tau on the validation rows, measured greedy
+tau on held-out prompts (the validation split: no training step saw them), acceptance per slot, Selector agreement /
+coverage at k and the Selector's measured tau, calibration before/after temperature scaling. On top, the wall-clock
+comparison that decides whether a drafter pays for itself (``decoding.measure_speedup``): new tokens per second of
+``speculative_generate`` against the target's own greedy ``generate`` on the same prompts, timed alternately prompt
+by prompt in one process, with the outputs checked equal, and the drafter's time per step.
 """
 
 from __future__ import annotations
@@ -19,36 +19,30 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Literal
 
 import torch
 from jsonargparse.typing import PositiveInt
 
-from dspark_lightning.analysis import REPO_ROOT, command_line, quieted
 from dspark_lightning.checks import dumps_json, read_checkpoint
 from dspark_lightning.decoding import measure_speedup, measure_verify_cost
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
-from dspark_lightning.report import _fmt, evaluate_variant, plot_results
-
-HEADS = ("none", "vanilla", "gated", "rnn", "selector")
-CONFIG = REPO_ROOT / "configs/smollm2_sharegpt.yaml"
-
-
-def head_configs(head: str) -> list[str]:
-    args = ["--config", str(CONFIG)]
-    return args if head == "vanilla" else [*args, "--config", str(REPO_ROOT / f"configs/heads/{head}.yaml")]
+from dspark_lightning.studies.command_lines import command_line
+from dspark_lightning.studies.head_measurements import evaluate_variant
+from dspark_lightning.studies.quiet_output import quieted
+from dspark_lightning.studies.recipes import HEADS, Recipe, load_recipe
+from dspark_lightning.studies.report_charts import plot_results
+from dspark_lightning.studies.table_cells import format_number
 
 
-def fit_head(runs: Path, head: str, steps: int, extra: Sequence[str], name: str | None = None):
+def fit_head(recipe: Recipe, runs: Path, head: str, steps: int, extra: Sequence[str], name: str | None = None):
     """(the fit's CLI object, its last checkpoint)."""
     args = [
         "fit",
-        *head_configs(head),
+        *recipe.fit_configs(head),
         f"--trainer.max_steps={steps}",
         f"--trainer.val_check_interval={steps}",
         "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
@@ -70,10 +64,15 @@ def finished_run(runs: Path, head: str, steps: int) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
-def validate_head(checkpoint: Path, head: str, extra: Sequence[str]):
+def validate_head(recipe: Recipe, checkpoint: Path, head: str, extra: Sequence[str]):
     """(the CLI object of a ``validate`` of ``checkpoint``, the checkpoint): the fit's last validation, rerun."""
     with tempfile.TemporaryDirectory(prefix="dspark-validate-") as scratch:  # the CLI's config.yaml goes here
-        args = ["validate", *head_configs(head), "--trainer.logger=false", f"--trainer.default_root_dir={scratch}"]
+        args = [
+            "validate",
+            *recipe.fit_configs(head),
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={scratch}",
+        ]
         return lightning_main([*args, *extra, f"--ckpt_path={checkpoint}"]), str(checkpoint)
 
 
@@ -118,18 +117,18 @@ def evaluate_head(
     return row
 
 
-def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
-    k = args.k
-    commands = list(dict.fromkeys(r.get("command", args.command) for r in rows))
+def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: str, plots: list[str]) -> str:
+    """report.md: how it was made, one row per head (wall clock included), the break-even analysis, the charts."""
+    commands = list(dict.fromkeys(r.get("command", command) for r in rows))
     made_by = "; ".join(
-        f"`{c}` ({', '.join(r['head'] for r in rows if r.get('command', args.command) == c)})" for c in commands
+        f"`{c}` ({', '.join(r['head'] for r in rows if r.get('command', command) == c)})" for c in commands
     )
     lines = [
-        "# DSpark heads on SmolLM2-135M-Instruct + ShareGPT V3 (CPU)",
+        f"# DSpark heads on {recipe.title} (CPU)",
         "",
         f"Made by {made_by}; torch {torch.__version__}, {torch.get_num_threads()} thread, this 2-core CPU. Every head: "
-        "`configs/smollm2_sharegpt.yaml` + `configs/heads/<head>.yaml` from the offline feature cache, "
-        f"{', '.join(sorted({str(r.get('steps', args.steps)) for r in rows}))} steps, seed 0. Measured decoding and "
+        f"`{recipe.fit_config}` + `configs/heads/<head>.yaml` {recipe.training_note}, "
+        f"{', '.join(sorted({str(r.get('steps', steps)) for r in rows}))} steps, seed 0. Measured decoding and "
         f"wall clock: {rows[0]['wall_clock']['prompts']} held-out prompts (validation split) x "
         f"{rows[0]['wall_clock']['max_new_tokens']} new tokens, greedy, the target re-loaded whole; verify forward "
         f"on {'packed (oneDNN)' if rows[0]['wall_clock'].get('packed_verify') else 'the default'} kernels, "
@@ -149,9 +148,11 @@ def markdown(rows: list[dict], args, plots: list[str], seconds: float) -> str:
         phases = w["phase_ms_per_step"]
         draft = phases["draft_backbone"] + phases["draft_head"]
         lines.append(
-            f"| {r['head']} | {_fmt(r['teacher_tau'])} | {_fmt(r['teacher_greedy_tau'])} | {_fmt(r['measured_tau'])} "
-            f"({r['measured_mode']}) | {_fmt(r['measured_selector_tau'])} | {_fmt(r['agreement_at_k'])} "
-            f"| {_fmt(r['coverage_at_k'])} | {_fmt(r['ece_before'], 4)} -> {_fmt(r['ece_after'], 4)} "
+            f"| {r['head']} | {format_number(r['teacher_tau'])} | {format_number(r['teacher_greedy_tau'])} "
+            f"| {format_number(r['measured_tau'])} ({r['measured_mode']}) "
+            f"| {format_number(r['measured_selector_tau'])} | {format_number(r['agreement_at_k'])} "
+            f"| {format_number(r['coverage_at_k'])} "
+            f"| {format_number(r['ece_before'], 4)} -> {format_number(r['ece_after'], 4)} "
             f"| {w['baseline_tokens_per_second']:.1f} | {w['speculative_tokens_per_second']:.1f} | {w['speedup']:.2f}x "
             + (_scheduled_cell(r["wall_clock_scheduled"]) if scheduled else "")
             + f"| {draft:.1f} / {phases['verify']:.1f} "
@@ -194,30 +195,33 @@ def break_even(rows: list[dict]) -> list[str]:
     return lines
 
 
-def report_smollm2_command(
+def report_recipe_command(
+    recipe: str,
     output: str,
-    heads: list[Literal["none", "vanilla", "gated", "rnn", "selector"]] = list(HEADS),  # noqa: B006 (read only)
-    steps: PositiveInt = 1500,
-    num_prompts: PositiveInt = 16,
-    max_new_tokens: PositiveInt = 96,
+    heads: list[Literal["none", "vanilla", "gated", "rnn", "selector"]] | None = None,
+    steps: PositiveInt | None = None,
+    num_prompts: PositiveInt | None = None,
+    max_new_tokens: PositiveInt | None = None,
     k: PositiveInt = 16,
     max_blocks: PositiveInt = 512,
     runs_dir: str | None = None,
     threads: PositiveInt = 1,
     rerender: bool = False,
-    fit_args: list[str] = [],  # noqa: B006
+    fit_args: list[str] = [],  # noqa: B006 (read only; jsonargparse shows it)
     reuse_runs: bool = False,
     packed_verify: bool = False,
     cost_model: bool = False,
 ) -> list[dict]:
-    """Train every head on the SmolLM2-135M recipe; measured tau and wall clock against the target's generate.
+    """Train every head on a recipe (configs/recipes/*.yaml); measured tau and wall clock against the target's generate.
 
     Args:
+        recipe: the recipe: a YAML file, or a name for configs/recipes/<name>.yaml
         output: directory for report.md, results.json and the PNGs
-        heads: Markov heads to train (configs/heads/<name>.yaml); rows of other heads already in output are kept
-        steps: optimizer steps per head
-        num_prompts: held-out prompts for decoding and wall clock
-        max_new_tokens: tokens generated per prompt
+        heads: Markov heads to train (configs/heads/<name>.yaml; default: the recipe's heads); rows of other heads
+            already in output are kept
+        steps: optimizer steps per head (default: the recipe's)
+        num_prompts: held-out prompts for decoding and wall clock (default: the recipe's)
+        max_new_tokens: tokens generated per prompt (default: the recipe's)
         k: Selector candidates per slot
         max_blocks: validation blocks for the Selector and calibration
         runs_dir: keep the run directories here (default: a deleted temporary directory)
@@ -233,48 +237,49 @@ def report_smollm2_command(
     """
     if reuse_runs and not runs_dir:
         raise ValueError("--reuse_runs true needs --runs_dir: the directory whose finished runs are reused")
-    args = SimpleNamespace(**locals())  # what markdown() reads (k, steps, command)
-    args.command = command_line("report-smollm2", report_smollm2_command, dict(vars(args)))
-    extra = fit_args
-    torch.set_num_threads(args.threads)
-    output = Path(args.output)
-    if args.rerender:
+    command = command_line("report-recipe", report_recipe_command, dict(locals()))
+    loaded = load_recipe(recipe)
+    heads = heads or list(loaded.heads)
+    steps = steps or loaded.steps
+    num_prompts, max_new_tokens = num_prompts or loaded.num_prompts, max_new_tokens or loaded.max_new_tokens
+    torch.set_num_threads(threads)
+    output = Path(output)
+    if rerender:
         saved = json.loads((output / "results.json").read_text())
-        args.command = saved.get("command", args.command)
-        plots = plot_results(saved["rows"], output, args.k)
-        (output / "report.md").write_text(markdown(saved["rows"], args, plots, saved.get("seconds", 0.0)))
+        command = saved.get("command", command)
+        plots = plot_results(saved["rows"], output, k)
+        (output / "report.md").write_text(
+            markdown(saved["rows"], loaded, k=k, steps=steps, command=command, plots=plots)
+        )
         return saved["rows"]
     output.mkdir(parents=True, exist_ok=True)
-    runs = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="dspark-smollm2-"))
-    start = time.perf_counter()
+    runs = Path(runs_dir) if runs_dir else Path(tempfile.mkdtemp(prefix=f"dspark-{loaded.name}-"))
     # Rows of heads measured by an earlier run into the same --output are kept (a rerun of a head replaces its row),
     # so the heads of one report can be trained in several sittings.
     previous = output / "results.json"
     kept = json.loads(previous.read_text())["rows"] if previous.exists() else []
-    rows: list[dict] = [r for r in kept if r["head"] not in args.heads]
+    rows: list[dict] = [r for r in kept if r["head"] not in heads]
     try:
-        for head in args.heads:
+        for head in heads:
             with quieted():
-                finished = finished_run(runs, head, args.steps) if args.reuse_runs else None
+                finished = finished_run(runs, head, steps) if reuse_runs else None
                 if finished is not None:
-                    cli, checkpoint = validate_head(finished, head, extra)
+                    cli, checkpoint = validate_head(loaded, finished, head, fit_args)
                 else:
-                    cli, checkpoint = fit_head(runs, head, args.steps, extra)
+                    cli, checkpoint = fit_head(loaded, runs, head, steps, fit_args)
                 row = evaluate_head(
-                    cli, checkpoint, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, k=args.k,
-                    max_blocks=args.max_blocks, packed_verify=args.packed_verify, cost_model=args.cost_model,
+                    cli, checkpoint, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k,
+                    max_blocks=max_blocks, packed_verify=packed_verify, cost_model=cost_model,
                 )  # fmt: skip
-            row.update(
-                head=head, block_size=cli.model.drafter.config.block_size, command=args.command, steps=args.steps
-            )
+            row.update(head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps)
             rows.append(row)
             rows.sort(key=lambda r: HEADS.index(r["head"]))
             # written after every head, so a long run that is stopped keeps a complete report of what finished
-            (output / "results.json").write_text(dumps_json({"command": args.command, "rows": rows}, indent=2))
-            plots = plot_results(rows, output, args.k)
-            (output / "report.md").write_text(markdown(rows, args, plots, time.perf_counter() - start))
+            (output / "results.json").write_text(dumps_json({"command": command, "rows": rows}, indent=2))
+            plots = plot_results(rows, output, k)
+            (output / "report.md").write_text(markdown(rows, loaded, k=k, steps=steps, command=command, plots=plots))
             print(f"{head}: measured tau {row['measured_tau']:.3f}, speedup {row['wall_clock']['speedup']:.2f}x")
     finally:
-        if not args.runs_dir:
+        if not runs_dir:
             shutil.rmtree(runs, ignore_errors=True)
     return rows

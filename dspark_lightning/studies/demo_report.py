@@ -8,7 +8,7 @@ gets from ``dspark-lightning fit --config configs/quickstart.yaml --config confi
 overrides) and then measures, on the same model object:
 
 - teacher-forced tau and greedy tau on the validation blocks (the last validation of ``fit``);
-- measured tau: real greedy speculative decoding (``speculative_generate`` via ``evaluate.decode_table``) on the
+- measured tau: real greedy speculative decoding (``speculative_generate`` via ``evaluation.decode_tables``) on the
   validation eval prompts, tokens per target forward; ``markov`` mode (``parallel`` for the head-less drafter), plus
   ``selector`` mode (top-k walk) where the head has a Selector form;
 - Selector agreement / coverage at k (``selector.equivalence_report``; n/a for ``none`` and ``rnn``);
@@ -28,14 +28,14 @@ Design choices:
 - Run directories (CSV logs, ``last.ckpt``, plots) go to a temporary directory that is deleted afterwards unless
   ``--runs_dir`` keeps them (e.g. for ``notebooks/analyze_run.ipynb``). Nothing is written into the repository
   except ``--output``.
-- The measuring helpers live in ``dspark_lightning.analysis`` (``demo_fit_args``, ``collect_blocks``,
-  ``heldout_calibration``, ``measured_decoding``), shared with the tutorials and the analysis notebook, so the report
-  and the notebooks compute the same numbers the same way.
+- The measurements are ``head_measurements.evaluate_variant`` over the library's ``evaluation`` package
+  (``collect_blocks``, ``heldout_calibration``, ``measured_decoding``), and the runs come from
+  ``runs.demo_fit_args``: the tutorials and the analysis notebook call the same functions, so the report and the
+  notebooks compute the same numbers the same way.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
@@ -47,77 +47,18 @@ from typing import Literal
 import torch
 from jsonargparse.typing import PositiveInt
 
-from dspark_lightning.analysis import (
-    collect_blocks,
-    command_line,
-    demo_fit_args,
-    heldout_calibration,
-    measured_decoding,
-    quieted,
-)
 from dspark_lightning.checks import dumps_json
-from dspark_lightning.decoding import supported_modes
 from dspark_lightning.lightning.cli import lightning_main
-from dspark_lightning.selector import equivalence_report
+from dspark_lightning.studies.command_lines import command_line
+from dspark_lightning.studies.head_measurements import evaluate_variant
+from dspark_lightning.studies.quiet_output import quieted
+from dspark_lightning.studies.report_charts import plot_results
+from dspark_lightning.studies.runs import demo_fit_args
+from dspark_lightning.studies.table_cells import format_number
 
 HEADS = ("none", "vanilla", "gated", "rnn")
-SELECTOR_KS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: int, k: int, max_blocks: int) -> dict:
-    """Every report number for a trained module (see the module docstring)."""
-    module.eval()
-    head = module.drafter.markov_head
-    values = module.last_validation
-    result: dict = {
-        "teacher_tau": float(values["acceptance/tau"]),
-        "teacher_greedy_tau": float(values["acceptance/greedy_tau"]),
-        "accept_rate_per_slot": [float(v) for v in values["acceptance/accept_rate_per_slot"].tolist()],
-        "greedy_acc_per_slot": [float(v) for v in values["acceptance/greedy_acc_per_slot"].tolist()],
-    }
-    selector_form = "selector" in supported_modes(head)
-    # with a head, the Markov modes only (parallel is then the same drafter without its head)
-    modes = [m for m in supported_modes(head) if head is None or m != "parallel"]
-    prompts = datamodule.eval_prompts()[:num_prompts]
-    decoded = measured_decoding(module, prompts, modes, max_new_tokens, k)
-    result["measured_tau"] = decoded[modes[0]]["tau"]
-    result["measured_mode"] = modes[0]
-    result["measured_selector_tau"] = decoded["selector"]["tau"] if "selector" in decoded else None
-    result["measured_accepted_per_slot"] = decoded[modes[0]]["accepted_rate_per_slot"]
-    result["num_prompts"] = len(prompts)
-
-    blocks = collect_blocks(module, datamodule.val_dataloader(), max_blocks)
-    result["blocks"] = blocks.num_blocks
-    if selector_form:
-        ks = sorted({*SELECTOR_KS, k})
-        vocab = module.drafter.draft_vocab  # the walk maps draft indices to target ids for the Markov head
-        report = equivalence_report(
-            blocks.base_logits, head, blocks.first_prev, blocks.hidden, blocks.teacher_logprobs, ks, blocks.valid,
-            d2t=None if vocab is None else vocab.d2t,
-        )  # fmt: skip
-        result["selector"] = {
-            "ks": list(report.ks),
-            "coverage": [report.coverage[q] for q in report.ks],
-            "agreement": [report.agreement[q] for q in report.ks],
-            "agreed_prefix": [report.agreed_prefix[q] for q in report.ks],
-            "tau_walk": [report.tau_walk[q] for q in report.ks],
-            "tau_sequential": report.tau_sequential,
-        }
-        result["agreement_at_k"] = report.agreement[k]
-        result["coverage_at_k"] = report.coverage[k]
-    else:
-        result["selector"] = None
-        result["agreement_at_k"] = result["coverage_at_k"] = None
-    if blocks.confidence_logits is not None:
-        calibration = heldout_calibration(blocks)
-        result["ece_before"], result["ece_after"] = calibration["ece_before"], calibration["ece_after"]
-        result["temperatures"] = calibration["temperatures"]
-    else:
-        result["ece_before"] = result["ece_after"] = None
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------- the report
 @dataclass(frozen=True)
 class Budget:
     """Training and evaluation sizes of one variant (``--budget.*`` of ``dspark-lightning report``).
@@ -195,68 +136,6 @@ def train_and_evaluate(
     return row
 
 
-def _fmt(value, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
-
-
-def plot_results(rows: list[dict], output: Path, k: int) -> list[str]:
-    """acceptance_per_slot.png, tau.png and (when a Selector-form head ran) selector.png; returns the file names."""
-    import matplotlib.pyplot as plt
-
-    from dspark_lightning import plotting  # noqa: F401  (deferred like matplotlib itself; selects the Agg backend)
-
-    written = []
-    block_sizes = sorted({r["block_size"] for r in rows})
-    fig, axes = plt.subplots(1, len(block_sizes), figsize=(5.2 * len(block_sizes), 3.6), squeeze=False)
-    for ax, block in zip(axes[0], block_sizes):
-        for r in (r for r in rows if r["block_size"] == block):
-            ax.plot(
-                range(block), r["accept_rate_per_slot"], marker="o", label=f"{r['head']} (tau {r['teacher_tau']:.2f})"
-            )
-        ax.set(title=f"B = {block}: acceptance rate per slot", xlabel="draft slot k", ylabel="accept rate", ylim=(0, 1))
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    written.append(plotting.save(fig, output / "acceptance_per_slot.png"))
-
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 3.8))
-    series = [
-        ("teacher-forced tau", "teacher_tau"),
-        ("teacher-forced greedy tau", "teacher_greedy_tau"),
-        ("measured tau (greedy decoding)", "measured_tau"),
-    ]
-    width = 0.8 / len(series)
-    for i, (label, key) in enumerate(series):
-        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, [r[key] for r in rows], width=width, label=label)
-    ax.set_xticks(range(len(rows)), [f"{r['head']}\nB={r['block_size']}" for r in rows])
-    ax.axhline(1.0, color="gray", lw=0.8)
-    top = max(r[key] for r in rows for _, key in series)
-    ax.set(ylabel="tokens per target forward", title="acceptance length per head and block size", ylim=(0, 1.3 * top))
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncol=3, loc="upper center")
-    fig.tight_layout()
-    written.append(plotting.save(fig, output / "tau.png"))
-
-    with_selector = [r for r in rows if r.get("selector")]
-    if with_selector:
-        fig, ax = plt.subplots(figsize=(6, 3.8))
-        for r in with_selector:
-            s = r["selector"]
-            (line,) = ax.plot(s["ks"], s["coverage"], marker="o", label=f"{r['head']} B={r['block_size']} coverage")
-            ax.plot(s["ks"], s["agreement"], marker="x", ls="--", color=line.get_color(), label="  agreement")
-        ax.axvline(k, color="gray", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="k (candidates per slot)", ylabel="fraction of slots", title="Selector walk vs sequential decode")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        written.append(plotting.save(fig, output / "selector.png"))
-    return [Path(p).name for p in written]
-
-
 def markdown_report(rows: list[dict], budget: Budget, plots: list[str], command: str, seconds: float) -> str:
     k = budget.k
     lines = [
@@ -275,10 +154,11 @@ def markdown_report(rows: list[dict], budget: Budget, plots: list[str], command:
     ]
     for r in rows:
         lines.append(
-            f"| {r['head']} | {r['block_size']} | {_fmt(r['teacher_tau'])} | {_fmt(r['teacher_greedy_tau'])} "
-            f"| {_fmt(r['measured_tau'])} ({r['measured_mode']}) | {_fmt(r['measured_selector_tau'])} "
-            f"| {_fmt(r['agreement_at_k'])} | {_fmt(r['coverage_at_k'])} | {_fmt(r['ece_before'], 4)} "
-            f"| {_fmt(r['ece_after'], 4)} | {r['fit_seconds']:.0f} |"
+            f"| {r['head']} | {r['block_size']} | {format_number(r['teacher_tau'])} "
+            f"| {format_number(r['teacher_greedy_tau'])} | {format_number(r['measured_tau'])} ({r['measured_mode']}) "
+            f"| {format_number(r['measured_selector_tau'])} | {format_number(r['agreement_at_k'])} "
+            f"| {format_number(r['coverage_at_k'])} | {format_number(r['ece_before'], 4)} "
+            f"| {format_number(r['ece_after'], 4)} | {r['fit_seconds']:.0f} |"
         )
     lines += ["", *_headlines(rows), ""]
     lines += [
@@ -347,8 +227,8 @@ def run_report(
             print(
                 f"[{index}/{len(variants)}] {head:8s} B={block:<3d} fit {row['fit_seconds']:.0f}s "
                 f"eval {row['eval_seconds']:.0f}s | teacher-forced tau {row['teacher_tau']:.3f} | measured tau "
-                f"{row['measured_tau']:.3f} | agreement@{budget.k} {_fmt(row['agreement_at_k'])} "
-                f"| ECE {_fmt(row['ece_before'], 4)} -> {_fmt(row['ece_after'], 4)}",
+                f"{row['measured_tau']:.3f} | agreement@{budget.k} {format_number(row['agreement_at_k'])} "
+                f"| ECE {format_number(row['ece_before'], 4)} -> {format_number(row['ece_after'], 4)}",
                 flush=True,
             )
             if not keep:

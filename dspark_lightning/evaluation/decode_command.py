@@ -1,0 +1,137 @@
+"""``dspark-lightning decode``: measured speculative decoding of a checkpoint on the data module's eval prompts.
+
+    dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
+        [--modes '[parallel,markov,selector]'] [--temperature 0.7] [--thresholds '[0.3,0.6]'] [--num_prompts 16]
+        [--max_new_tokens 64]
+
+The model and data module are rebuilt from the checkpoint (``loading.load_trained``). One row per (mode, threshold):
+tau = tokens per target forward, tokens/s, mean verified length and the accepted rate per slot
+(``decode_tables``); ``--check_identity`` replays each greedy decode through the training forward instead.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_number_type
+
+from dspark_lightning.checks import dumps_json
+from dspark_lightning.data.prompts import prompt_messages
+from dspark_lightning.decoding import supported_modes
+from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
+from dspark_lightning.decoding.identity import check_identity as replay_decode  # the option is check_identity
+from dspark_lightning.evaluation.decode_tables import (
+    decode_table,
+    print_decode_table,
+    print_verify_length_table,
+    verify_length_table,
+)
+from dspark_lightning.evaluation.loading import load_trained
+
+# jsonargparse checks these at parse time, naming the option and the restriction (nan fails every comparison)
+Temperature = restricted_number_type("FiniteNonNegativeFloat", float, [(">=", 0), ("<", math.inf)])
+Mode = Literal["parallel", "markov", "selector"]
+
+
+def decode_command(
+    ckpt_path: str,
+    modes: list[Mode] = ["parallel", "markov", "selector"],  # noqa: B006 (read only; jsonargparse shows it)
+    k: PositiveInt = 16,
+    temperature: Temperature = 0.0,
+    thresholds: list[ClosedUnitInterval] = [],  # noqa: B006
+    cost_model: bool = False,
+    baseline: bool = True,
+    packed_verify: bool = False,
+    num_prompts: PositiveInt = 8,
+    max_new_tokens: PositiveInt = 64,
+    val_files: str | None = None,
+    json: str | None = None,
+    check_identity: bool = False,
+    gap_table: str | None = None,
+) -> list[dict]:
+    """Measured speculative decoding of a checkpoint on the eval prompts (a table per mode and threshold).
+
+    Args:
+        ckpt_path: checkpoint written by `dspark-lightning fit`
+        modes: draft modes to run (a mode the Markov head does not support is skipped)
+        k: Selector candidates per slot
+        temperature: 0 = greedy; > 0 = lossless rejection sampling
+        thresholds: confidence thresholds in [0, 1], each one more row per mode
+        cost_model: also schedule by the cost model: verify the n maximising (1 + sum a_j) / T(n), T measured on
+            the target
+        baseline: greedy only: time the target's own generate alternately with each run, report speedup, check
+            outputs
+        packed_verify: run the verify forwards on oneDNN-packed weights (float32 CPU targets; faster at a few
+            rows, one more copy of the decoder weights; the baseline keeps the default kernels)
+        num_prompts: eval prompts from the validation data
+        max_new_tokens: tokens generated per prompt (at least 1: one verify step)
+        val_files: override the checkpoint's validation files
+        json: also write the rows to this JSON file
+        check_identity: replay each greedy decode through the training forward (same anchors, own previous tokens):
+            blocks and tau must agree on every prompt, else exit non-zero; with gap_table also write the gap table
+        gap_table: with check_identity: write the train/serve gap decomposition (markdown) to this file
+    """
+    module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
+    head = module.drafter.markov_head
+    runnable = [m for m in modes if m in supported_modes(head)]
+    skipped = sorted(set(modes) - set(runnable))
+    if skipped:
+        print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
+    prompts = data.eval_prompts()[:num_prompts]
+    if not prompts:
+        raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
+    if check_identity:
+        return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table)
+    schedules = [None, *thresholds]
+    if cost_model:
+        from dspark_lightning.decoding import measure_verify_cost
+
+        cost = measure_verify_cost(
+            module.target, max_block=module.drafter_config.block_size, packed_verify=packed_verify
+        )
+        print(f"measured verify cost T(n) = {cost[0] * 1e3:.2f} ms + {cost[1] * 1e3:.3f} ms * n")
+        schedules.append(("cost", *cost))
+    if baseline and temperature > 0:
+        print("--baseline compares greedy outputs: skipped at temperature > 0")
+    rows = decode_table(
+        module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,
+        packed_verify=packed_verify,
+    )  # fmt: skip
+    print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {temperature}")
+    if cost_model:
+        print_verify_length_table(verify_length_table(rows, cost), cost)
+    if json:
+        Path(json).write_text(dumps_json(rows, indent=2))
+    return rows
+
+
+def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap_table: str | None) -> list[dict]:
+    """``decode --check_identity``: per prompt and mode, training-forward replay vs greedy decode; raises on any
+    disagreement. With ``gap_table``: the (a)-(d) gap decomposition (``decoding.gap``) as a markdown file."""
+    rows = []
+    for index, prompt in enumerate(prompts):
+        for mode in modes:
+            result = replay_decode(module.target, module.drafter, prompt, max_new_tokens, mode, k)
+            rows.append(dict(prompt=index, **vars(result), ok=result.ok))
+            print(
+                f"prompt {index} {mode}: {result.steps} blocks {'equal' if result.blocks_equal else 'DIFFER'}, "
+                f"measured tau {result.measured_tau:.4f}, replayed {result.teacher_forced_tau:.4f}, "
+                f"training metric {result.metric_greedy_tau:.4f}"
+            )
+    if gap_table:
+        references = []
+        for conversation in data.eval_conversations()[: len(prompts)]:
+            first_reply = len(prompt_messages(conversation))  # the prompt, then the first assistant turn
+            encoded = data.encoder.encode(conversation.messages[: first_reply + 1])
+            references.append((encoded.input_ids, encoded.loss_mask))
+        # every reply position is an anchor (stride 1): the per-position mean with the least noise
+        table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))
+        Path(gap_table).parent.mkdir(parents=True, exist_ok=True)
+        Path(gap_table).write_text(table)
+        print(table)
+    bad = [row for row in rows if not row["ok"]]
+    if bad:
+        raise SystemExit(f"train/serve identity broken on {len(bad)} of {len(rows)} (prompt, mode) pairs: {bad[:3]}")
+    return rows

@@ -1,0 +1,26 @@
+"""A trained drafter and its data module, rebuilt from a checkpoint written by ``fit``."""
+
+from __future__ import annotations
+
+from dspark_lightning.checks import read_checkpoint
+from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+
+
+def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
+    """(DSparkModule in eval mode, ShareGPTDataModule) rebuilt from a checkpoint written by ``fit``.
+
+    The model is read with ``weights_only=True`` (our checkpoints hold only tensors and plain hyper-parameters; the
+    frozen target is re-loaded from its recorded path); the data module from the hyper-parameters in the same file,
+    so a run directory is all that is needed. ``data_overrides`` that are not None replace data module arguments.
+    """
+    checkpoint = read_checkpoint(ckpt_path)  # a clear error for a missing or non-checkpoint file
+    # decoding needs the whole target, also for a drafter trained from an offline feature cache
+    module = load_checkpoint_module(
+        ckpt_path, checkpoint=checkpoint, where=f"--ckpt_path {ckpt_path}", features="online"
+    ).to(map_location)
+    data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    data_kwargs.pop("_instantiator", None)
+    data_kwargs.setdefault("tokenizer", module.target_args.path)
+    data_kwargs.update({k: v for k, v in data_overrides.items() if v is not None})
+    return module, ShareGPTDataModule(**data_kwargs)
