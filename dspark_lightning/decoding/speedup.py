@@ -46,7 +46,8 @@ def measure_speedup(
     Returns a dict: ``speedup`` = total baseline seconds / total speculative seconds, ``median_prompt_speedup``,
     tokens/s of both, tau, the speculative run's phase times (``phase_ms_per_step``, ``prefill_seconds``),
     ``accepted_rate_per_slot``, ``outputs_equal``, ``mismatches`` (prompt indices), the per-prompt seconds and
-    ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it before writing JSON).
+    ``stats`` (the merged ``DecodeStats`` of the speculative runs) and ``prompt_stats`` (each prompt's own); drop
+    both before writing JSON.
     """
     model = _hf_model(target)
     device = device if device is not None else next(model.parameters()).device
@@ -142,4 +143,5 @@ def measure_speedup(
         baseline_prompt_seconds=baseline_seconds,
         speculative_prompt_seconds=speculative_seconds,
         stats=merged,
+        prompt_stats=runs,
     )

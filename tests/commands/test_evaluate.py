@@ -109,3 +109,42 @@ def test_calibrate_command_stores_temperatures(trained_checkpoint, tmp_path):
     stored = module.drafter.confidence_temperature
     assert torch.allclose(stored, torch.tensor(result["temperatures"]))
     assert not torch.allclose(stored, torch.ones_like(stored))
+
+
+def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_checkpoint, tmp_path):
+    out = tmp_path / "eval_sets.json"
+    cli_main(
+        [
+            "decode",
+            f"--ckpt_path={trained_checkpoint}",
+            "--modes=[parallel,markov]",
+            "--eval_sets=[sharegpt_heldout,humaneval]",
+            "--eval_set_limit=3",
+            "--max_new_tokens=16",
+            f"--json={out}",
+        ]
+    )
+    rows = json.loads(out.read_text())
+    assert [(row["eval_set"], row["mode"]) for row in rows] == [
+        ("sharegpt_heldout", "parallel"),
+        ("sharegpt_heldout", "markov"),
+        ("humaneval", "parallel"),
+        ("humaneval", "markov"),
+    ]
+    for row in rows:
+        records = row["prompt_records"]
+        assert row["num_prompts"] == len(records) == 3 - row["prompts_without_verify"]
+        # the set's tau is total emitted / total forwards over prompts (recomputed here from the raw records)
+        tau = sum(r["emitted_tokens"] for r in records) / sum(r["target_forwards"] for r in records)
+        assert row["measured_tau"] == pytest.approx(tau)
+        low, high = row["measured_tau_ci"]
+        assert 1.0 <= low <= row["measured_tau"] <= high
+        speedup = sum(r["baseline_seconds"] for r in records) / sum(r["speculative_seconds"] for r in records)
+        assert row["speedup"] == pytest.approx(speedup)
+        assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
+        assert row["outputs_equal"] is True  # greedy speculative decoding == the target's generate on every prompt
+
+
+def test_decode_refuses_an_unknown_eval_set(trained_checkpoint):
+    with pytest.raises(SystemExit):  # jsonargparse names the option and the allowed values
+        cli_main(["decode", f"--ckpt_path={trained_checkpoint}", "--eval_sets=[mmlu]"])

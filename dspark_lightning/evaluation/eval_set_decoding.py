@@ -1,0 +1,98 @@
+"""Measured decoding on named evaluation sets: per set and mode, tau and speedup with bootstrap intervals over prompts.
+
+The sets are ``data/eval_sets.py`` (``sharegpt_heldout``: held-out conversation prompts; ``humaneval``: the 164
+HumanEval problems); each (set, mode, schedule) row is a ``decode_table`` row plus ``summarize_eval_set``'s keys
+(``eval_set``, ``measured_tau``, ``measured_tau_ci``, ``speedup``, ``speedup_ci``, ``acceptance_per_slot``).
+"""
+
+from __future__ import annotations
+
+from dspark_lightning.data.eval_sets import load_eval_set, prompt_token_ids
+from dspark_lightning.data.splits import IdSplit
+from dspark_lightning.decoding.eval_report import summarize_eval_set
+from dspark_lightning.evaluation.decode_tables import decode_table, schedule_label
+
+DEFAULT_MAX_NEW_TOKENS = 128  # at least 128 new tokens: 64 leaves too few verify steps per prompt to steer by
+
+
+def eval_set_prompts(
+    data, name: str, limit: int | None, heldout_files: str | None, heldout_split: dict[str, float] | None
+) -> list[list[int]]:
+    """Token ids of eval set ``name``'s prompts, in the checkpoint's chat template (``data`` is its data module).
+
+    ``sharegpt_heldout`` reads ``heldout_files`` (default: the data module's ``val_files``) and keeps only what
+    ``heldout_split`` (default: the data module's ``split_by_id``) assigns to validation, prompts under ``seq_len``.
+    """
+    split = IdSplit.from_fractions(heldout_split) if heldout_split else data.id_split
+    files = heldout_files or data.val_files
+    if name == "sharegpt_heldout" and not files:
+        raise ValueError("eval set 'sharegpt_heldout' needs --heldout_files (the checkpoint has no data.val_files)")
+    eval_set = load_eval_set(
+        name, limit=limit, val_files=files, id_split=split, encoder=data.encoder, max_prompt_tokens=data.seq_len
+    )
+    return prompt_token_ids(eval_set, data.tokenizer, data.chat_template_kwargs)
+
+
+def measure_eval_sets(
+    module,
+    data,
+    names: list[str],
+    modes: list[str],
+    schedules: list,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    k: int,
+    limit: int | None = None,
+    baseline: bool = True,
+    packed_verify: bool = False,
+    heldout_files: str | None = None,
+    heldout_split: dict[str, float] | None = None,
+) -> list[dict]:
+    """One row per (set, mode, schedule): the decode row and the set's summary with 95% intervals over prompts."""
+    rows = []
+    for name in names:
+        prompts = eval_set_prompts(data, name, limit, heldout_files, heldout_split)
+        timed = baseline and temperature == 0
+        runs = len(prompts) * len(modes) * len(schedules) * (2 if timed else 1)
+        print(
+            f"eval set {name}: {len(prompts)} prompts x {len(modes)} modes x {len(schedules)} schedules x "
+            f"{max_new_tokens} new tokens, baseline {'on' if timed else 'off'}: {runs} timed runs",
+            flush=True,
+        )
+        for row in decode_table(
+            module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
+            packed_verify=packed_verify,
+        ):  # fmt: skip
+            rows.append(row | summarize_eval_set(name, row["prompt_records"]))
+    return rows
+
+
+def _interval(value, interval, digits: int, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    low, high = interval
+    return f"{value:.{digits}f}{suffix} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def print_eval_set_table(rows: list[dict]) -> None:
+    """The eval-set rows as one rich table that fits 80 columns (everything else is in the JSON)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    confidence = rows[0]["ci_confidence"] if rows else 0.95
+    table = Table(title=f"measured decoding per eval set ({confidence:.0%} bootstrap intervals over prompts)")
+    for column in ("eval set", "mode", "sched.", "n", "tau [CI]", "speedup [CI]", "= gen."):
+        table.add_column(column, justify="left" if column in ("eval set", "mode") else "right")
+    for row in rows:
+        equal = row["outputs_equal"]
+        table.add_row(
+            row["eval_set"],
+            row["mode"],
+            schedule_label(row["threshold"]),
+            str(row["num_prompts"]),
+            _interval(row["measured_tau"], row["measured_tau_ci"], 2),
+            _interval(row["speedup"], row["speedup_ci"], 2, "x"),
+            "-" if equal is None else ("yes" if equal else "[bold red]NO[/]"),
+        )
+    Console(width=max(80, Console().width)).print(table)
