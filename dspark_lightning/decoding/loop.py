@@ -85,7 +85,7 @@ def prefix_survival(drafter: DSparkDrafter, hidden: torch.Tensor, prev_tokens: t
     logits = drafter.confidence_logits(hidden, prev_tokens)
     if logits is None:
         return None
-    temperature = drafter.confidence_temperature[-logits.shape[-1] :]
+    temperature = drafter.config.trained_slots(drafter.confidence_temperature, dim=0)
     return torch.cumprod(torch.sigmoid(logits[0].float() / temperature), dim=0)
 
 
@@ -152,7 +152,6 @@ def speculative_generate(
         eos_token_id = model.generation_config.eos_token_id
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     stats = DecodeStats(mode, k, temperature, confidence_threshold)
-    first = drafter.config.first_trained_slot
     cache = DynamicCache()
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -235,7 +234,7 @@ def speculative_generate(
         else:
             positions = torch.arange(processed, device=device)[None]
             base, hidden = drafter.draft(context, positions, anchor, torch.tensor([processed], device=device))
-        base, hidden = base[:, first:], hidden[:, first:]
+        base, hidden = drafter.config.trained_slots(base), drafter.config.trained_slots(hidden)
         t1 = clock()
         stats.draft_backbone_seconds += t1 - t0
         drafted, q = draft_block(drafter, base, hidden, anchor, mode, k, temperature, generator)

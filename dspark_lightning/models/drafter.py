@@ -108,7 +108,18 @@ class DrafterConfig:
 
     @property
     def first_trained_slot(self) -> int:
+        """Slots ``first_trained_slot``..B-1 of a block are drafted and trained; slot 0 is not in the DFlash
+        convention (it holds the anchor's own token, the bonus token)."""
         return 0 if self.sample_from_anchor else 1
+
+    @property
+    def trained_block_size(self) -> int:
+        """B': how many slots of a block are drafted and trained."""
+        return self.block_size - self.first_trained_slot
+
+    def trained_slots(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The trained slots of a per-slot tensor whose dimension ``dim`` holds a block's B slots (a view)."""
+        return t.narrow(dim, self.first_trained_slot, self.trained_block_size)
 
 
 @dataclass
@@ -124,9 +135,14 @@ class DrafterOutput:
     prev_tokens: torch.Tensor  # [b, A, B] target ids
     target_tokens: torch.Tensor  # [b, A, B] target ids of the predicted tokens
     anchors: Anchors
+    config: DrafterConfig  # of the drafter that produced it: which slots are trained
     # [b, A, B] target ids: the target's argmax over its whole vocabulary, what greedy verification accepts (with a
     # draft vocabulary the argmax of ``teacher_logprobs`` is only the best draft token, which may not be it)
     teacher_argmax: torch.Tensor | None = None
+
+    def trained_slots(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-slot tensor of this output [b, A, B, ...] as [N, B', ...]: blocks flattened, trained slots only."""
+        return self.config.trained_slots(t.flatten(0, 1))
 
 
 class DSparkDrafter(nn.Module):
@@ -287,8 +303,7 @@ class DSparkDrafter(nn.Module):
         target_tokens = gather(input_ids, predicted)
         prev_tokens = gather(input_ids, (predicted - 1).clamp(min=0))
         slot_valid = anchors.valid[:, :, None] & gather(loss_mask.bool(), predicted)
-        if cfg.first_trained_slot:
-            slot_valid[:, :, : cfg.first_trained_slot] = False
+        slot_valid[:, :, : cfg.first_trained_slot] = False  # the DFlash bonus slot is never trained
 
         anchor_tokens = input_ids.gather(1, p)
         anchor_rotary = position_ids.gather(1, p)
@@ -298,19 +313,18 @@ class DSparkDrafter(nn.Module):
         base_logits = self.output_logits(hidden)
         logits = base_logits
         if self.markov_head is not None:
-            first = cfg.first_trained_slot
+            trained = lambda t: cfg.trained_slots(t, dim=2)  # noqa: E731
             if markov_prev == "own":
                 prev_tokens = prev_tokens.clone()
-                prev_tokens[:, :, first:] = self._own_previous(
-                    base_logits[:, :, first:], hidden[:, :, first:], prev_tokens[:, :, first]
+                trained(prev_tokens).copy_(
+                    self._own_previous(trained(base_logits), trained(hidden), trained(prev_tokens)[:, :, 0])
                 )
             # the head starts at the first drafted slot, as decoding does: in the DFlash convention slot 0 (the
             # bonus token) is never drafted, so it must not advance the rnn head's state either
-            bias = self.markov_head.block_bias(
-                prev_tokens[:, :, first:].flatten(0, 1), hidden[:, :, first:].flatten(0, 1)
-            )
-            drafted = base_logits[:, :, first:] + bias.view(base_logits[:, :, first:].shape).to(base_logits.dtype)
-            logits = torch.cat((base_logits[:, :, :first], drafted), dim=2) if first else drafted
+            bias = self.markov_head.block_bias(trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1))
+            drafted = trained(base_logits) + bias.view(trained(base_logits).shape).to(base_logits.dtype)
+            untrained = base_logits[:, :, : cfg.first_trained_slot]  # the DFlash bonus slot: never drafted
+            logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
         teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0))
         return DrafterOutput(
             logits=logits,
@@ -322,6 +336,7 @@ class DSparkDrafter(nn.Module):
             prev_tokens=prev_tokens,
             target_tokens=target_tokens,
             anchors=anchors,
+            config=cfg,
             teacher_argmax=teacher_argmax,
         )
 
