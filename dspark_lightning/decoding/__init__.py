@@ -2,15 +2,8 @@
 wall-clock comparison with the target generating alone."""
 
 from dspark_lightning.decoding.cost import best_verify_length, measure_verify_cost
-from dspark_lightning.decoding.loop import (
-    MODES,
-    _verify,
-    draft_block,
-    prefix_survival,
-    scheduled_length,
-    speculative_generate,
-)
-from dspark_lightning.decoding.modes import supported_modes
+from dspark_lightning.decoding.loop import _verify, prefix_survival, scheduled_length, speculative_generate
+from dspark_lightning.decoding.modes import MODES, draft_block, supported_modes
 from dspark_lightning.decoding.speedup import measure_speedup
 from dspark_lightning.decoding.stats import PHASES, DecodeStats
 

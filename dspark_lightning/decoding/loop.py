@@ -35,11 +35,9 @@ import time
 import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
+from dspark_lightning.decoding.modes import MODES, draft_block
 from dspark_lightning.decoding.stats import DecodeStats
 from dspark_lightning.models.drafter import DSparkDrafter
-from dspark_lightning.selector import selector_walk, sequential_walk
-
-MODES = ("parallel", "markov", "selector")
 
 
 def _hf_model(target):
@@ -51,33 +49,6 @@ def _layer_ids(target, drafter: DSparkDrafter) -> list[int]:
     if ids is None:
         raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")
     return list(ids)
-
-
-def draft_block(
-    drafter: DSparkDrafter,
-    base_logits: torch.Tensor,
-    hidden: torch.Tensor,
-    anchor: torch.Tensor,
-    mode: str,
-    k: int,
-    temperature: float,
-    generator: torch.Generator | None,
-):
-    """Decode one drafted block [1, B', Vd] -> (target ids [B'], q over the draft vocab [B', Vd] or None)."""
-    head = drafter.markov_head if mode != "parallel" else None
-    d2t = drafter.d2t
-    if mode == "selector":
-        if drafter.markov_head is not None and drafter.markov_head.is_path_dependent:
-            raise ValueError("mode='selector' needs a vanilla or gated Markov head; the rnn head is path dependent")
-        walk = selector_walk(
-            base_logits, head, anchor, hidden, k, temperature=temperature, generator=generator, d2t=d2t
-        )
-        tokens, q = walk.tokens, (walk.full_probs() if temperature > 0 else None)
-    else:
-        walk = sequential_walk(base_logits, head, anchor, hidden, temperature=temperature, generator=generator, d2t=d2t)
-        tokens, q = walk.tokens, (walk.probs if temperature > 0 else None)
-    target_ids = tokens[0] if d2t is None else d2t[tokens[0]]
-    return target_ids, (q[0] if q is not None else None)
 
 
 def prefix_survival(drafter: DSparkDrafter, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
