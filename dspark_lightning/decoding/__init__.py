@@ -2,16 +2,16 @@
 wall-clock comparison with the target generating alone."""
 
 from dspark_lightning.decoding.cost import best_verify_length, measure_verify_cost
-from dspark_lightning.decoding.loop import _verify, prefix_survival, scheduled_length, speculative_generate
+from dspark_lightning.decoding.loop import prefix_survival, scheduled_length, speculative_generate
 from dspark_lightning.decoding.modes import MODES, draft_block, supported_modes
 from dspark_lightning.decoding.speedup import measure_speedup
 from dspark_lightning.decoding.stats import PHASES, DecodeStats
+from dspark_lightning.decoding.verify import verify_block
 
 __all__ = [
     "MODES",
     "PHASES",
     "DecodeStats",
-    "_verify",
     "best_verify_length",
     "draft_block",
     "measure_speedup",
@@ -20,4 +20,5 @@ __all__ = [
     "scheduled_length",
     "speculative_generate",
     "supported_modes",
+    "verify_block",
 ]

@@ -37,6 +37,7 @@ import torch
 from dspark_lightning.decoding.kernels import PackedLinears
 from dspark_lightning.decoding.modes import MODES, draft_block
 from dspark_lightning.decoding.stats import DecodeStats
+from dspark_lightning.decoding.verify import verify_block
 from dspark_lightning.models.drafter import DSparkDrafter
 
 
@@ -219,7 +220,7 @@ def speculative_generate(
 
         verify_tokens = torch.cat((anchor, drafted))[None]
         logits, features = target_forward(verify_tokens, processed)
-        accepted, next_token = _verify(drafted, q, logits, drafter, temperature, generator)
+        accepted, next_token = verify_block(drafted, q, logits, drafter, temperature, generator)
         t3 = clock()
         stats.verify_seconds += t3 - t2
 
@@ -265,37 +266,3 @@ class _RowLogits:
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return self.head(self.hidden[i : i + 1])[0].float()
-
-
-def _verify(drafted, q, logits, drafter, temperature, generator) -> tuple[int, int]:
-    """Accept a prefix of ``drafted`` given the target logits [n+1, V] of [x, d_1..d_n]; return (#accepted, next).
-
-    ``logits`` is a tensor or anything whose ``[i]`` is row i: rows are read in order, each once, and only up to
-    the first rejection.
-    """
-    n = drafted.shape[0]
-    drafts = drafted.tolist()
-    if temperature == 0:
-        for i in range(n):
-            token = int(logits[i].argmax())
-            if token != drafts[i]:
-                return i, token
-        return n, int(logits[n].argmax())
-    d2t = drafter.d2t
-    for i in range(n):
-        p = torch.softmax(logits[i] / temperature, dim=-1)
-        q_target = torch.zeros_like(p)
-        if d2t is None:
-            q_target[: q.shape[-1]] = q[i]
-        else:
-            q_target[d2t] = q[i]
-        token = drafts[i]
-        ratio = p[token] / q_target[token].clamp_min(1e-30)
-        if torch.rand((), generator=generator) < ratio:
-            continue
-        residual = (p - q_target).clamp_min(0)
-        if residual.sum() <= 0:  # p == q: any rejection is measure-zero; fall back to p
-            residual = p
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    p = torch.softmax(logits[n] / temperature, dim=-1)
-    return n, int(torch.multinomial(p, 1, generator=generator))
