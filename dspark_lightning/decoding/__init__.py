@@ -2,8 +2,9 @@
 wall-clock comparison with the target generating alone."""
 
 from dspark_lightning.decoding.cost import best_verify_length, measure_verify_cost
-from dspark_lightning.decoding.loop import prefix_survival, scheduled_length, speculative_generate
+from dspark_lightning.decoding.loop import speculative_generate
 from dspark_lightning.decoding.modes import MODES, draft_block, supported_modes
+from dspark_lightning.decoding.schedule import prefix_survival, scheduled_length
 from dspark_lightning.decoding.speedup import measure_speedup
 from dspark_lightning.decoding.stats import PHASES, DecodeStats
 from dspark_lightning.decoding.verify import verify_block
