@@ -20,7 +20,7 @@ Conventions (docs/design.md §3.1, §3.6):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,89 +37,12 @@ from dspark_lightning.models.backbone import (
 )
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
-from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.drafter_config import DrafterConfig
+from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.models.target import rope_theta
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    """Everything that defines a drafter besides the target it drafts for (``--model.drafter.*`` in the CLI).
-
-    Frozen: a drafter's config never changes under it; derive a variant with ``dataclasses.replace``."""
-
-    block_size: int = 8
-    """Tokens per draft block B (>= 2); linked into the data module."""
-    num_layers: int = 1
-    """Draft decoder layers."""
-    max_anchors: int = 64
-    """Blocks sampled per packed row in each training step (A)."""
-    sample_from_anchor: bool = True
-    """DSpark convention (slot k predicts p+k+1) or DFlash convention (slot 0 is the bonus token), see module
-    docstring."""
-    mask_token_id: int | None = None
-    """Id of the mask token filling slots 1..B-1 (must exist in the target vocabulary; linked from the data module's
-    tokenizer)."""
-    target_layer_ids: list[int] | None = None
-    """Target decoder layers whose outputs feed the drafter; None = the DFlash default spread over depth."""
-    markov_head: MarkovHeadConfig | None = field(default_factory=MarkovHeadConfig)
-    """The Markov head (``{kind: gated, rank: 64}``), or None for pure DFlash."""
-    confidence_head: bool = True
-    """Attach the per-slot acceptance-probability head."""
-    confidence_with_markov: bool = True
-    """Feed the Markov head's previous-token embedding to the confidence head."""
-    draft_vocab: str | None = None
-    """Path of a ``.safetensors`` file holding ``d2t`` (a reduced draft vocabulary), or None for the target's."""
-    train_lm_head: bool = False
-    """With a draft vocabulary, train a separate draft LM head (else reuse the target's rows, frozen)."""
-    num_heads: int | None = None
-    """Draft attention heads; None = the target's (likewise the next three)."""
-    num_kv_heads: int | None = None
-    """Draft key/value heads; None = the target's."""
-    head_dim: int | None = None
-    """Draft head dimension; None = the target's."""
-    intermediate_size: int | None = None
-    """Draft MLP width; None = the target's."""
-    attention_backend: str = "auto"
-    """``auto`` (flex on CUDA, sdpa otherwise), ``sdpa`` or ``flex``."""
-    sliding_window: int | None = None
-    """Context window W of the sliding layers: a block anchored at p sees context positions p - W .. p - 1 (its own
-    block always, bidirectionally); None = full attention everywhere."""
-    layer_types: list[str] | None = None
-    """Per draft layer ``full_attention`` or ``sliding_attention``; None = all sliding when ``sliding_window`` is set,
-    else all full."""
-
-    def __post_init__(self) -> None:
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.max_anchors < 1:
-            raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
-        markov_head = MarkovHeadConfig.coerce(self.markov_head)
-        if markov_head is not None and markov_head.rank == 0:
-            markov_head = None  # rank 0 means "no head", as in the DSpark CLI
-        object.__setattr__(self, "markov_head", markov_head)  # the one normalisation a frozen config allows itself
-        if self.confidence_head and self.confidence_with_markov and self.markov_head is None:
-            raise ValueError(
-                "confidence_with_markov=True needs a Markov head: set confidence_with_markov: false "
-                "(or add a markov_head) when training pure DFlash"
-            )
-
-    @property
-    def first_trained_slot(self) -> int:
-        """Slots ``first_trained_slot``..B-1 of a block are drafted and trained; slot 0 is not in the DFlash
-        convention (it holds the anchor's own token, the bonus token)."""
-        return 0 if self.sample_from_anchor else 1
-
-    @property
-    def trained_block_size(self) -> int:
-        """B': how many slots of a block are drafted and trained."""
-        return self.block_size - self.first_trained_slot
-
-    def trained_slots(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """The trained slots of a per-slot tensor whose dimension ``dim`` holds a block's B slots (a view)."""
-        return t.narrow(dim, self.first_trained_slot, self.trained_block_size)
 
 
 @dataclass
@@ -303,7 +226,7 @@ class DSparkDrafter(nn.Module):
         target_tokens = gather(input_ids, predicted)
         prev_tokens = gather(input_ids, (predicted - 1).clamp(min=0))
         slot_valid = anchors.valid[:, :, None] & gather(loss_mask.bool(), predicted)
-        slot_valid[:, :, : cfg.first_trained_slot] = False  # the DFlash bonus slot is never trained
+        cfg.untrained_slots(slot_valid, dim=2).fill_(False)  # the DFlash bonus slot is never trained
 
         anchor_tokens = input_ids.gather(1, p)
         anchor_rotary = position_ids.gather(1, p)
@@ -323,7 +246,7 @@ class DSparkDrafter(nn.Module):
             # bonus token) is never drafted, so it must not advance the rnn head's state either
             bias = self.markov_head.block_bias(trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1))
             drafted = trained(base_logits) + bias.view(trained(base_logits).shape).to(base_logits.dtype)
-            untrained = base_logits[:, :, : cfg.first_trained_slot]  # the DFlash bonus slot: never drafted
+            untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
             logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
         teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0))
         return DrafterOutput(
