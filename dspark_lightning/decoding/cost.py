@@ -10,6 +10,7 @@ import time
 import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
+from dspark_lightning.decoding.target_forwards import causal_lm
 
 
 @torch.no_grad()
@@ -31,7 +32,7 @@ def measure_verify_cost(
     """
     from transformers import DynamicCache
 
-    model = getattr(target, "model", target) if not hasattr(target, "generate") else target
+    model = causal_lm(target)
     vocab = model.get_input_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, prompt_length), generator=generator).to(device)

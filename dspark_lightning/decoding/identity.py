@@ -168,7 +168,6 @@ def teacher_forced_blocks(
     applies to ``markov`` mode (``selector`` always walks its own choices, ``parallel`` has no head).
     """
     device = drafter.backbone.fc.weight.device
-    first = drafter.config.first_trained_slot
     S = len(text)
     ids = torch.tensor([text], device=device)
     positions = torch.arange(S, device=device)[None]
@@ -181,7 +180,7 @@ def teacher_forced_blocks(
         valid=torch.ones(1, len(anchor_positions), dtype=torch.bool, device=device),
     )
     if not anchor_positions:
-        return TeacherForcedBlocks(torch.zeros(0, drafter.block_size - first, dtype=torch.long), [], [])
+        return TeacherForcedBlocks(torch.zeros(0, drafter.config.trained_block_size, dtype=torch.long), [], [])
     features = target.features(ids, positions)
     out = drafter(
         ids,
@@ -193,25 +192,19 @@ def teacher_forced_blocks(
         anchors=anchors,
         markov_prev=markov_prev if mode == "markov" else "teacher",
     )
-    head = drafter.markov_head
+    trained = out.trained_slots  # one row: [A, B', ...], one block per anchor
     if mode == "selector":
-        walk = selector_walk(
-            out.base_logits[0, :, first:],
-            head,
-            out.prev_tokens[0, :, first],
-            out.hidden[0, :, first:],
-            k,
-            d2t=drafter.d2t,
-        )
+        base_logits, first_prev = trained(out.base_logits), trained(out.prev_tokens)[:, 0]
+        walk = selector_walk(base_logits, drafter.markov_head, first_prev, trained(out.hidden), k, d2t=drafter.d2t)
         choice = walk.tokens
     else:
-        choice = (out.base_logits if mode == "parallel" else out.logits)[0, :, first:].argmax(-1)
+        choice = trained(out.base_logits if mode == "parallel" else out.logits).argmax(-1)
     drafted = choice if drafter.d2t is None else drafter.d2t[choice]
-    valid = out.slot_valid[0, :, first:]
-    matches = (drafted == out.target_tokens[0, :, first:]) & valid
+    valid = trained(out.slot_valid)
+    matches = (drafted == trained(out.target_tokens)) & valid
     accepted = matches.long().cumprod(-1).sum(-1).tolist()
     # what the training metrics compute: the drafted token against the target's argmax at that position
-    metric_match = drafted == out.teacher_argmax[0, :, first:]
+    metric_match = drafted == trained(out.teacher_argmax)
     metric = (greedy_block_tau(metric_match, valid) - 1).round().long().tolist()
     return TeacherForcedBlocks(drafted.cpu(), accepted, metric)
 

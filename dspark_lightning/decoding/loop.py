@@ -1,25 +1,20 @@
 """A measured speculative-decoding loop: Hugging Face target + DSpark drafter (evaluation, not serving).
 
-One step (batch 1):
-  1. The target has processed every token but the newest one x (its KV cache and the drafter's context features
-     cover them). The drafter drafts a block from [x, MASK, ...] in one forward: base logits + hidden states.
-  2. The block is decoded in one of three modes: ``parallel`` (argmax / sample of the base logits, pure DFlash),
-     ``markov`` (sequential full-vocabulary Markov decode, the head as trained) or ``selector`` (top-k walk over
-     precomputed k x k pair scores). Each mode also returns the exact draft distribution q of every slot.
-  3. Optionally the confidence head schedules how many slots to verify: threshold on the prefix survival
-     a_n = prod_{j<=n} c_j, or a cost model maximising (1 + sum_{j<=n} a_j) / (t0 + t1 * n).
-  4. One target forward over [x, d_1..d_n] verifies them. Greedy (temperature 0): accept the longest prefix equal
-     to the target's argmax. Sampling: accept d_i with probability min(1, p(d_i) / q(d_i)), else resample from
-     (p - q)_+ normalised and stop (standard speculative rejection sampling: the output distribution is exactly the
-     target's). The target's own next token is always emitted, so every target forward yields >= 1 token.
-     The LM head runs on the rows verification reads only (up to the first rejection): the decoder runs once over
-     the block, the vocabulary-sized head row by row, and the prompt forward keeps its last row only.
-  5. The KV cache is cropped to the accepted prefix; the target's hidden states of the anchor and the accepted
-     tokens extend the drafter's context cache (``DraftContextCache``: fused features and every draft layer's
-     context keys/values, projected once per token), so a draft step does not re-project the prefix.
-At temperature 0 the output equals ``target.generate(do_sample=False)`` token for token (tests check it for every
-mode, with EOS and ``max_new_tokens`` falling inside a block). ``drafter_cache=False`` re-projects the whole prefix
-every step instead (the reference the cache is tested against: same tokens).
+``speculative_generate`` runs a prefill, then steps of five named parts (batch 1):
+  1. draft: the target has processed every token but the newest one x (its KV cache and the drafter's context
+     cover them); the drafter drafts a block from [x, MASK, ...] in one forward: base logits + hidden states.
+  2. decode the block in a mode (``decoding.modes``: ``parallel``, ``markov`` or ``selector``), which also returns
+     the exact draft distribution q of every slot.
+  3. schedule: optionally the confidence head cuts the block to the slots worth verifying (``decoding.schedule``).
+  4. verify: one target forward over [x, d_1..d_n] (``decoding.target_forwards``); ``verify_block`` accepts a prefix
+     of the drafts and adds the target's own next token, so every target forward yields >= 1 token (greedy: the
+     longest prefix equal to the target's argmax; sampling: speculative rejection sampling, exactly the target's law).
+  5. commit: the anchor and the accepted drafts join the prefix: the target's KV cache is cropped to them and their
+     target features extend the drafter's context cache (``DraftContextCache``: fused features and every draft
+     layer's context keys/values, projected once per token), so a draft step does not re-project the prefix.
+``_Prefix`` keeps the two caches in step. At temperature 0 the output equals ``target.generate(do_sample=False)``
+token for token (tests check it for every mode, with EOS and ``max_new_tokens`` falling inside a block).
+``drafter_cache=False`` re-projects the whole prefix every step instead (the reference the cache is tested against).
 
 Design choices: batch size 1 (a clear error otherwise) - acceptance is per row and a batched loop needs ragged KV
 caches, which serving engines do and this reference loop does not need. Phase times (``DecodeStats``) synchronise
@@ -28,83 +23,63 @@ CUDA at each phase boundary so that they measure the phase, not the kernel queue
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import time
-
 import torch
 
-from dspark_lightning.decoding.kernels import PackedLinears
-from dspark_lightning.decoding.stats import DecodeStats
+from dspark_lightning.decoding.modes import MODES, draft_block
+from dspark_lightning.decoding.schedule import schedule_block
+from dspark_lightning.decoding.stats import DecodeStats, PhaseClock
+from dspark_lightning.decoding.target_forwards import TargetForwards
+from dspark_lightning.decoding.verify import verify_block
 from dspark_lightning.models.drafter import DSparkDrafter
-from dspark_lightning.selector import selector_walk, sequential_walk
-
-MODES = ("parallel", "markov", "selector")
 
 
-def _hf_model(target):
-    return getattr(target, "model", target) if not hasattr(target, "generate") else target
+class _Prefix:
+    """The verified prefix both models hold: the target's KV cache and the drafter's context, which ``prefill``
+    fills and ``commit`` grows together, so that both always cover the first ``length`` tokens."""
 
+    def __init__(self, target: TargetForwards, drafter: DSparkDrafter, drafter_cache: bool) -> None:
+        self.target, self.drafter, self.drafter_cache = target, drafter, drafter_cache
+        self.length = 0
+        self.context_cache = None  # the drafter's projected context (``drafter_cache``)
+        self.context: torch.Tensor | None = None  # else the target features of every prefix token
 
-def _layer_ids(target, drafter: DSparkDrafter) -> list[int]:
-    ids = getattr(target, "target_layer_ids", None) or drafter.config.target_layer_ids
-    if ids is None:
-        raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")
-    return list(ids)
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """The prompt forward; returns the target's logits of the first new token [V]."""
+        logits, features = self.target.prefill(prompt)
+        if self.drafter_cache:
+            capacity = prompt.shape[1] + 2 * self.drafter.block_size
+            self.context_cache = self.drafter.new_context_cache(device=prompt.device, capacity=capacity)
+            self.context_cache.extend(features)
+        else:
+            self.context = features
+        self.length = prompt.shape[1]
+        return logits
 
+    def draft(self, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's block after the prefix, anchored at the newest token ``anchor`` [1]: base logits
+        [1, B', Vd] and hidden states [1, B', H] of the drafted slots."""
+        position = torch.tensor([self.length], device=anchor.device)
+        if self.context_cache is not None:
+            base, hidden = self.drafter.draft_cached(self.context_cache, anchor, position)
+        else:
+            positions = torch.arange(self.length, device=anchor.device)[None]
+            base, hidden = self.drafter.draft(self.context, positions, anchor, position)
+        return self.drafter.config.trained_slots(base), self.drafter.config.trained_slots(hidden)
 
-def draft_block(
-    drafter: DSparkDrafter,
-    base_logits: torch.Tensor,
-    hidden: torch.Tensor,
-    anchor: torch.Tensor,
-    mode: str,
-    k: int,
-    temperature: float,
-    generator: torch.Generator | None,
-):
-    """Decode one drafted block [1, B', Vd] -> (target ids [B'], q over the draft vocab [B', Vd] or None)."""
-    head = drafter.markov_head if mode != "parallel" else None
-    d2t = drafter.d2t
-    if mode == "selector":
-        if drafter.markov_head is not None and drafter.markov_head.is_path_dependent:
-            raise ValueError("mode='selector' needs a vanilla or gated Markov head; the rnn head is path dependent")
-        walk = selector_walk(
-            base_logits, head, anchor, hidden, k, temperature=temperature, generator=generator, d2t=d2t
-        )
-        tokens, q = walk.tokens, (walk.full_probs() if temperature > 0 else None)
-    else:
-        walk = sequential_walk(base_logits, head, anchor, hidden, temperature=temperature, generator=generator, d2t=d2t)
-        tokens, q = walk.tokens, (walk.probs if temperature > 0 else None)
-    target_ids = tokens[0] if d2t is None else d2t[tokens[0]]
-    return target_ids, (q[0] if q is not None else None)
+    def verify_forward(self, block: torch.Tensor):
+        """The target forward over ``block`` = [x, d_1..d_n] [1, n+1] after the prefix: (logits rows, features)."""
+        return self.target.verify(block, self.length)
 
-
-def prefix_survival(drafter: DSparkDrafter, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
-    """a_n = prod_{j<=n} c_j from the (calibrated) confidence head; hidden [1, B', H], prev [1, B'] -> [B']."""
-    logits = drafter.confidence_logits(hidden, prev_tokens)
-    if logits is None:
-        return None
-    temperature = drafter.confidence_temperature[-logits.shape[-1] :]
-    return torch.cumprod(torch.sigmoid(logits[0].float() / temperature), dim=0)
-
-
-def scheduled_length(
-    survival: torch.Tensor | None,
-    block: int,
-    threshold: float | None,
-    cost_model: tuple[float, float] | None,
-) -> int:
-    """How many drafted slots to verify: always in [1, block]."""
-    if survival is None or (threshold is None and cost_model is None):
-        return block
-    if cost_model is not None:
-        t0, t1 = cost_model
-        n = torch.arange(1, block + 1, dtype=torch.float32)
-        gain = (1.0 + torch.cumsum(survival[:block], 0)) / (t0 + t1 * n)
-        return int(gain.argmax()) + 1
-    above = (survival[:block] >= threshold).nonzero()
-    return max(1, int(above.max()) + 1) if len(above) else 1
+    def commit(self, features: torch.Tensor, accepted: int) -> None:
+        """The anchor and the first ``accepted`` drafts join the prefix; the rest leave the target's KV cache."""
+        length = self.length + 1 + accepted
+        self.target.crop(length)
+        kept = features[:, : 1 + accepted]
+        if self.context_cache is not None:
+            self.context_cache.extend(kept)
+        else:
+            self.context = torch.cat((self.context, kept), dim=1)
+        self.length = length
 
 
 @torch.no_grad()
@@ -135,8 +110,6 @@ def speculative_generate(
     ``packed_verify`` runs the verify forwards' decoder linears on oneDNN-packed weights (``decoding.kernels``:
     float32 CPU targets; faster at 2-17 rows on AVX2, one more copy of the decoder weights in memory).
     """
-    from transformers import DynamicCache
-
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
@@ -145,137 +118,45 @@ def speculative_generate(
         )
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    model = _hf_model(target)
-    layer_ids = _layer_ids(target, drafter)
-    device = input_ids.device
+    target_forwards = TargetForwards(target, drafter, packed_verify)
     if eos_token_id is None:
-        eos_token_id = model.generation_config.eos_token_id
+        eos_token_id = target_forwards.model.generation_config.eos_token_id
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     stats = DecodeStats(mode, k, temperature, confidence_threshold)
-    first = drafter.config.first_trained_slot
-    cache = DynamicCache()
-    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = PhaseClock(stats, input_ids.device)
+    prefix = _Prefix(target_forwards, drafter, drafter_cache)
 
-    def clock() -> float:
-        sync()
-        return time.perf_counter()
-
-    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = model.get_output_embeddings()
-    body_forward = body.forward if body is not None else model.forward
-    base_cache_kwarg = "cache" if "cache" in inspect.signature(body_forward).parameters else "past_key_values"
-    # The verify forward only (2..B+1 rows): the prompt forward keeps the default kernels, tuned for long inputs.
-    verify_kernels = (
-        PackedLinears(body if body is not None else model, drafter.block_size + 1)
-        if packed_verify
-        else contextlib.nullcontext()
-    )
-    own_head = False  # set by the prefill: True when logits == head(final hidden state), checked on the real output
-
-    def prefill(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompt forward: the last row's logits only (as ``generate`` computes them) and every row's features."""
-        nonlocal own_head
-        positions = torch.arange(tokens.shape[1], device=device)[None]
-        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        final = []
-        hook = body.register_forward_hook(lambda _m, _a, out: final.append(out[0])) if body is not None else None
-        try:
-            out = model(
-                input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True,
-                **keep, **{cache_kwarg: cache},
-            )  # fmt: skip
-        finally:
-            if hook is not None:
-                hook.remove()
-        logits = out.logits[0, -1].float()
-        # A model that post-processes its logits (soft-capping, a logit scale) keeps the full-logits verify path.
-        own_head = bool(final) and head is not None and torch.allclose(head(final[0][:, -1:])[0, -1].float(), logits)
-        return logits, torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-
-    def target_forward(tokens: torch.Tensor, start: int):
-        """Verify forward over [x, d_1..d_n] -> (logits rows, features [1, n+1, F]).
-
-        The LM head is applied row by row on demand (``_RowLogits``): verification reads rows in order and stops
-        at the first rejection, and on a CPU one vocabulary-sized head row costs as much as several decoder layers.
-        """
-        positions = torch.arange(start, start + tokens.shape[1], device=device)[None]
-        kwargs = dict(input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True)
-        with verify_kernels:
-            if own_head:
-                out = body(**kwargs, **{base_cache_kwarg: cache})
-            else:
-                out = model(**kwargs, **{cache_kwarg: cache})
-        if own_head:
-            logits = _RowLogits(head, out.last_hidden_state[0])  # head rows on the default kernels, on demand
-        else:
-            logits = out.logits[0].float()
-        return logits, torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-
-    def choose(logits_row: torch.Tensor) -> int:
-        if temperature == 0:
-            return int(logits_row.argmax())
-        return int(torch.multinomial(torch.softmax(logits_row / temperature, -1), 1, generator=generator))
-
-    start = clock()
-    logits, context = prefill(input_ids)
-    context_cache = None
-    if drafter_cache:
-        context_cache = drafter.new_context_cache(device=device, capacity=input_ids.shape[1] + 2 * drafter.block_size)
-        context_cache.extend(context)
-    generated: list[int] = [choose(logits)]
-    processed = input_ids.shape[1]  # tokens in the KV cache and in the drafter's context
-    stats.prefill_seconds = clock() - start
-
+    clock.start()
+    generated = [_sample(prefix.prefill(input_ids), temperature, generator)]
+    clock.lap("prefill")
     while len(generated) < max_new_tokens and generated[-1] not in eos:
-        anchor = torch.tensor([generated[-1]], device=device)
-        t0 = clock()
-        if context_cache is not None:
-            base, hidden = drafter.draft_cached(context_cache, anchor, torch.tensor([processed], device=device))
-        else:
-            positions = torch.arange(processed, device=device)[None]
-            base, hidden = drafter.draft(context, positions, anchor, torch.tensor([processed], device=device))
-        base, hidden = base[:, first:], hidden[:, first:]
-        t1 = clock()
-        stats.draft_backbone_seconds += t1 - t0
+        anchor = torch.tensor([generated[-1]], device=input_ids.device)
+        clock.start()
+        base, hidden = prefix.draft(anchor)
+        clock.lap("draft_backbone")
         drafted, q = draft_block(drafter, base, hidden, anchor, mode, k, temperature, generator)
-        block = drafted.shape[0]
-        if confidence_threshold is not None or cost_model is not None:
-            prev = torch.cat((anchor, drafted[:-1]))[None]
-            n = scheduled_length(prefix_survival(drafter, hidden, prev), block, confidence_threshold, cost_model)
-            drafted, q = drafted[:n], (q[:n] if q is not None else None)
-        t2 = clock()
-        stats.draft_head_seconds += t2 - t1
-
-        verify_tokens = torch.cat((anchor, drafted))[None]
-        logits, features = target_forward(verify_tokens, processed)
-        accepted, next_token = _verify(drafted, q, logits, drafter, temperature, generator)
-        t3 = clock()
-        stats.verify_seconds += t3 - t2
-
+        drafted, q = schedule_block(drafter, hidden, anchor, drafted, q, confidence_threshold, cost_model)
+        clock.lap("draft_head")
+        logits, features = prefix.verify_forward(torch.cat((anchor, drafted))[None])
+        accepted, next_token = verify_block(drafted, q, logits, drafter, temperature, generator)
+        clock.lap("verify")
         new = drafted[:accepted].tolist() + [next_token]
-        stats.verified_per_step.append(drafted.shape[0])
-        stats.accepted_per_step.append(accepted)
-        stats.emitted_per_step.append(len(new))
-        if record_blocks:
-            stats.anchor_positions.append(processed)  # the anchor is token ``processed`` of prompt + output
-            stats.drafted_per_step.append(drafted.tolist())
-        keep = processed + 1 + accepted  # anchor + accepted drafts now belong to the verified prefix
-        surplus = cache.get_seq_length() - keep
-        if surplus > 0:
-            cache.crop(-surplus)  # negative = "remove this many", valid in transformers 4.x and 5.x
-        if context_cache is not None:
-            context_cache.extend(features[:, : 1 + accepted])
-        else:
-            context = torch.cat((context, features[:, : 1 + accepted]), dim=1)
-        processed = keep
+        stats.record_step(drafted, accepted, len(new), prefix.length if record_blocks else None)
+        prefix.commit(features, accepted)
         generated.extend(new)
-        stats.bookkeeping_seconds += clock() - t3
+        clock.lap("bookkeeping")
 
     generated = _truncate(generated, max_new_tokens, eos)
     stats.new_tokens = len(generated)
-    output = torch.cat((input_ids, torch.tensor([generated], device=device, dtype=input_ids.dtype)), dim=1)
+    output = torch.cat((input_ids, torch.tensor([generated], device=input_ids.device, dtype=input_ids.dtype)), dim=1)
     return output, stats
+
+
+def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    """The target's token from its logits [V]: argmax at temperature 0, else a draw from softmax(logits / T)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator))
 
 
 def _truncate(tokens: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
@@ -285,47 +166,3 @@ def _truncate(tokens: list[int], max_new_tokens: int, eos: set[int]) -> list[int
             tokens = tokens[: i + 1]
             break
     return tokens[:max_new_tokens]
-
-
-class _RowLogits:
-    """The target logits of one verify forward, row i = ``head(hidden[i])`` computed when read."""
-
-    def __init__(self, head, hidden: torch.Tensor) -> None:
-        self.head, self.hidden = head, hidden
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.head(self.hidden[i : i + 1])[0].float()
-
-
-def _verify(drafted, q, logits, drafter, temperature, generator) -> tuple[int, int]:
-    """Accept a prefix of ``drafted`` given the target logits [n+1, V] of [x, d_1..d_n]; return (#accepted, next).
-
-    ``logits`` is a tensor or anything whose ``[i]`` is row i: rows are read in order, each once, and only up to
-    the first rejection.
-    """
-    n = drafted.shape[0]
-    drafts = drafted.tolist()
-    if temperature == 0:
-        for i in range(n):
-            token = int(logits[i].argmax())
-            if token != drafts[i]:
-                return i, token
-        return n, int(logits[n].argmax())
-    d2t = drafter.d2t
-    for i in range(n):
-        p = torch.softmax(logits[i] / temperature, dim=-1)
-        q_target = torch.zeros_like(p)
-        if d2t is None:
-            q_target[: q.shape[-1]] = q[i]
-        else:
-            q_target[d2t] = q[i]
-        token = drafts[i]
-        ratio = p[token] / q_target[token].clamp_min(1e-30)
-        if torch.rand((), generator=generator) < ratio:
-            continue
-        residual = (p - q_target).clamp_min(0)
-        if residual.sum() <= 0:  # p == q: any rejection is measure-zero; fall back to p
-            residual = p
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    p = torch.softmax(logits[n] / temperature, dim=-1)
-    return n, int(torch.multinomial(p, 1, generator=generator))

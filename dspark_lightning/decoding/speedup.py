@@ -8,8 +8,9 @@ import warnings
 
 import torch
 
-from dspark_lightning.decoding.loop import _hf_model, speculative_generate
+from dspark_lightning.decoding.loop import speculative_generate
 from dspark_lightning.decoding.stats import DecodeStats
+from dspark_lightning.decoding.target_forwards import causal_lm
 
 
 def _as_ids(prompt, device) -> torch.Tensor:
@@ -49,7 +50,7 @@ def measure_speedup(
     ``stats`` (the merged ``DecodeStats`` of the speculative runs) and ``prompt_stats`` (each prompt's own); drop
     both before writing JSON.
     """
-    model = _hf_model(target)
+    model = causal_lm(target)
     device = device if device is not None else next(model.parameters()).device
     if eos_token_id is None:
         eos_token_id = model.generation_config.eos_token_id

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
+
+import torch
 
 PHASES = ("prefill", "draft_backbone", "draft_head", "verify", "bookkeeping")
 
@@ -35,6 +38,16 @@ class DecodeStats:
     bookkeeping_seconds: float = 0.0
     prefill_seconds: float = 0.0
     new_tokens: int = 0
+
+    def record_step(self, drafted: torch.Tensor, accepted: int, emitted: int, anchor_position: int | None) -> None:
+        """One verification: ``drafted`` target ids sent, ``accepted`` of them kept, ``emitted`` tokens appended.
+        With an ``anchor_position`` (``record_blocks``) the anchor's index and the drafted block are kept too."""
+        self.verified_per_step.append(drafted.shape[0])
+        self.accepted_per_step.append(accepted)
+        self.emitted_per_step.append(emitted)
+        if anchor_position is not None:
+            self.anchor_positions.append(anchor_position)
+            self.drafted_per_step.append(drafted.tolist())
 
     @property
     def draft_seconds(self) -> float:
@@ -117,3 +130,28 @@ class DecodeStats:
             tokens_per_second=self.tokens_per_second,
             accepted_rate_per_slot=self.accepted_rate_per_slot,
         )
+
+
+class PhaseClock:
+    """Adds the wall time of each decoding phase to a ``DecodeStats``: ``start()``, then ``lap(phase)`` at the end
+    of each phase. On CUDA every reading synchronises, so that a phase is charged for its own kernels, not for the
+    queue it inherited."""
+
+    def __init__(self, stats: DecodeStats, device: torch.device) -> None:
+        self.stats = stats
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.last = 0.0
+
+    def _now(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.last = self._now()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last reading to ``phase`` (one of ``PHASES``)."""
+        now = self._now()
+        name = f"{phase}_seconds"
+        setattr(self.stats, name, getattr(self.stats, name) + now - self.last)
+        self.last = now

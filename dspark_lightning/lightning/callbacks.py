@@ -155,16 +155,15 @@ class SelectorEquivalenceCallback(L.Callback):
         have = sum(b[0].shape[0] for b in self._buffers)
         if have >= self.max_blocks:
             return
-        first = pl_module.drafter_config.first_trained_slot
-        valid = out.slot_valid.flatten(0, 1)[:, first:]
+        valid = out.trained_slots(out.slot_valid)
         keep = valid.any(dim=1)
-        take = lambda t: t.flatten(0, 1)[keep][: self.max_blocks - have].detach()  # noqa: E731
+        take = lambda t: out.trained_slots(t)[keep][: self.max_blocks - have].detach()  # noqa: E731
         self._buffers.append(
             (
-                take(out.base_logits)[:, first:],
-                take(out.hidden)[:, first:],
-                take(out.prev_tokens)[:, first],
-                take(out.teacher_logprobs)[:, first:],
+                take(out.base_logits),
+                take(out.hidden),
+                take(out.prev_tokens)[:, 0],  # the first drafted slot's previous token: where the walks start
+                take(out.teacher_logprobs),
                 valid[keep][: self.max_blocks - have],
             )
         )

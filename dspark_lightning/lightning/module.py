@@ -112,8 +112,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         if training.compile:
             self.drafter.backbone.compile()
 
-        first = self.drafter_config.first_trained_slot
-        self.metric_block_size = drafter.block_size - first
+        self.metric_block_size = self.drafter_config.trained_block_size
         self.val_acceptance = AcceptanceMetrics(self.metric_block_size)
         self.val_calibration = ConfidenceCalibration(self.metric_block_size)
         self.val_coverage = AnchorCoverage()

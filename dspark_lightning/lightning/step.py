@@ -18,7 +18,7 @@ from dspark_lightning.selector import candidate_loss
 @dataclass
 class StepOutput:
     """What one ``shared_step`` computes. Per-slot tensors are [N_blocks, B'] over the trained slots only (slot 0 is
-    dropped in the DFlash convention, so B' = ``metric_block_size``)."""
+    dropped in the DFlash convention, so B' = ``DrafterConfig.trained_block_size``)."""
 
     loss: torch.Tensor  # the differentiable total loss
     losses: dict[str, torch.Tensor]  # detached components for logging (``loss``, ``loss_tv``, ``loss_confidence`` ...)
@@ -27,11 +27,10 @@ class StepOutput:
     valid: torch.Tensor  # per-slot supervision mask
     confidence: torch.Tensor | None  # per-slot predicted acceptance (sigmoid), None without a confidence head
     drafter_output: DrafterOutput  # the full drafter forward (anchors, logits, hidden ...)
-    first_slot: int = 0  # the first trained slot (1 in the DFlash convention)
 
     def trained_slots(self, t: torch.Tensor) -> torch.Tensor:
         """A drafter-output tensor [rows, blocks, B, ...] as [N_blocks, B', ...] over the trained slots."""
-        return t.flatten(0, 1)[:, self.first_slot :]
+        return self.drafter_output.trained_slots(t)
 
 
 class AnchorCoverage(torchmetrics.Metric):
@@ -57,9 +56,9 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
 
     The compound loss (chunked, analytic gradient) + ``confidence_alpha`` x the confidence BCE on the detached
     acceptance + ``candidate_weight`` x the Selector candidate loss; per-slot outputs keep the trained slots
-    (``first_trained_slot``..B-1 of the drafter's config).
+    (``DrafterConfig.trained_slots``).
     """
-    B, first = drafter.config.block_size, drafter.config.first_trained_slot
+    B = drafter.config.block_size
     Nb = out.logits.shape[0] * out.logits.shape[1]
     weights = position_weights(
         B,
@@ -111,7 +110,7 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
         losses["loss_candidate"] = cand.detach()
         losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
     losses["loss"] = total.detach()
-    view = lambda t: None if t is None else t[:, first:]  # noqa: E731
+    view = lambda t: None if t is None else drafter.config.trained_slots(t)  # noqa: E731
     return StepOutput(
         loss=total,
         losses=losses,
@@ -120,7 +119,6 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
         valid=view(valid),
         confidence=view(confidence),
         drafter_output=out,
-        first_slot=first,
     )
 
 

@@ -4,7 +4,8 @@ from dspark_lightning.models.anchors import Anchors
 from dspark_lightning.models.backbone import BackboneConfig, DFlashBackbone, default_target_layer_ids
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
-from dspark_lightning.models.drafter import DrafterConfig, DrafterOutput, DSparkDrafter
+from dspark_lightning.models.drafter import DrafterOutput, DSparkDrafter
+from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
 from dspark_lightning.models.target import FrozenTarget, TargetFeatures, load_causal_lm
 from dspark_lightning.models.vocab import DraftVocab

@@ -20,7 +20,7 @@ Conventions (docs/design.md §3.1, §3.6):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,78 +31,12 @@ from dspark_lightning.models.attention import resolve_backend
 from dspark_lightning.models.backbone import BackboneConfig, DFlashBackbone
 from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
-from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
+from dspark_lightning.models.drafter_config import DrafterConfig
+from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.models.target import rope_theta
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    """Everything that defines a drafter besides the target it drafts for (``--model.drafter.*`` in the CLI).
-
-    Frozen: a drafter's config never changes under it; derive a variant with ``dataclasses.replace``."""
-
-    block_size: int = 8
-    """Tokens per draft block B (>= 2); linked into the data module."""
-    num_layers: int = 1
-    """Draft decoder layers."""
-    max_anchors: int = 64
-    """Blocks sampled per packed row in each training step (A)."""
-    sample_from_anchor: bool = True
-    """DSpark convention (slot k predicts p+k+1) or DFlash convention (slot 0 is the bonus token), see module
-    docstring."""
-    mask_token_id: int | None = None
-    """Id of the mask token filling slots 1..B-1 (must exist in the target vocabulary; linked from the data module's
-    tokenizer)."""
-    target_layer_ids: list[int] | None = None
-    """Target decoder layers whose outputs feed the drafter; None = the DFlash default spread over depth."""
-    markov_head: MarkovHeadConfig | None = field(default_factory=MarkovHeadConfig)
-    """The Markov head (``{kind: gated, rank: 64}``), or None for pure DFlash."""
-    confidence_head: bool = True
-    """Attach the per-slot acceptance-probability head."""
-    confidence_with_markov: bool = True
-    """Feed the Markov head's previous-token embedding to the confidence head."""
-    draft_vocab: str | None = None
-    """Path of a ``.safetensors`` file holding ``d2t`` (a reduced draft vocabulary), or None for the target's."""
-    train_lm_head: bool = False
-    """With a draft vocabulary, train a separate draft LM head (else reuse the target's rows, frozen)."""
-    num_heads: int | None = None
-    """Draft attention heads; None = the target's (likewise the next three)."""
-    num_kv_heads: int | None = None
-    """Draft key/value heads; None = the target's."""
-    head_dim: int | None = None
-    """Draft head dimension; None = the target's."""
-    intermediate_size: int | None = None
-    """Draft MLP width; None = the target's."""
-    attention_backend: str = "auto"
-    """``auto`` (flex on CUDA, sdpa otherwise), ``sdpa`` or ``flex``."""
-    sliding_window: int | None = None
-    """Context window W of the sliding layers: a block anchored at p sees context positions p - W .. p - 1 (its own
-    block always, bidirectionally); None = full attention everywhere."""
-    layer_types: list[str] | None = None
-    """Per draft layer ``full_attention`` or ``sliding_attention``; None = all sliding when ``sliding_window`` is set,
-    else all full."""
-
-    def __post_init__(self) -> None:
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.max_anchors < 1:
-            raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
-        markov_head = MarkovHeadConfig.coerce(self.markov_head)
-        if markov_head is not None and markov_head.rank == 0:
-            markov_head = None  # rank 0 means "no head", as in the DSpark CLI
-        object.__setattr__(self, "markov_head", markov_head)  # the one normalisation a frozen config allows itself
-        if self.confidence_head and self.confidence_with_markov and self.markov_head is None:
-            raise ValueError(
-                "confidence_with_markov=True needs a Markov head: set confidence_with_markov: false "
-                "(or add a markov_head) when training pure DFlash"
-            )
-
-    @property
-    def first_trained_slot(self) -> int:
-        return 0 if self.sample_from_anchor else 1
 
 
 @dataclass
@@ -118,9 +52,14 @@ class DrafterOutput:
     prev_tokens: torch.Tensor  # [b, A, B] target ids
     target_tokens: torch.Tensor  # [b, A, B] target ids of the predicted tokens
     anchors: Anchors
+    config: DrafterConfig  # of the drafter that produced it: which slots are trained
     # [b, A, B] target ids: the target's argmax over its whole vocabulary, what greedy verification accepts (with a
     # draft vocabulary the argmax of ``teacher_logprobs`` is only the best draft token, which may not be it)
     teacher_argmax: torch.Tensor | None = None
+
+    def trained_slots(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-slot tensor of this output [b, A, B, ...] as [N, B', ...]: blocks flattened, trained slots only."""
+        return self.config.trained_slots(t.flatten(0, 1))
 
 
 class DSparkDrafter(nn.Module):
@@ -281,8 +220,7 @@ class DSparkDrafter(nn.Module):
         target_tokens = gather(input_ids, predicted)
         prev_tokens = gather(input_ids, (predicted - 1).clamp(min=0))
         slot_valid = anchors.valid[:, :, None] & gather(loss_mask.bool(), predicted)
-        if cfg.first_trained_slot:
-            slot_valid[:, :, : cfg.first_trained_slot] = False
+        cfg.untrained_slots(slot_valid, dim=2).fill_(False)  # the DFlash bonus slot is never trained
 
         anchor_tokens = input_ids.gather(1, p)
         anchor_rotary = position_ids.gather(1, p)
@@ -292,19 +230,18 @@ class DSparkDrafter(nn.Module):
         base_logits = self.output_logits(hidden)
         logits = base_logits
         if self.markov_head is not None:
-            first = cfg.first_trained_slot
+            trained = lambda t: cfg.trained_slots(t, dim=2)  # noqa: E731
             if markov_prev == "own":
                 prev_tokens = prev_tokens.clone()
-                prev_tokens[:, :, first:] = self._own_previous(
-                    base_logits[:, :, first:], hidden[:, :, first:], prev_tokens[:, :, first]
+                trained(prev_tokens).copy_(
+                    self._own_previous(trained(base_logits), trained(hidden), trained(prev_tokens)[:, :, 0])
                 )
             # the head starts at the first drafted slot, as decoding does: in the DFlash convention slot 0 (the
             # bonus token) is never drafted, so it must not advance the rnn head's state either
-            bias = self.markov_head.block_bias(
-                prev_tokens[:, :, first:].flatten(0, 1), hidden[:, :, first:].flatten(0, 1)
-            )
-            drafted = base_logits[:, :, first:] + bias.view(base_logits[:, :, first:].shape).to(base_logits.dtype)
-            logits = torch.cat((base_logits[:, :, :first], drafted), dim=2) if first else drafted
+            bias = self.markov_head.block_bias(trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1))
+            drafted = trained(base_logits) + bias.view(trained(base_logits).shape).to(base_logits.dtype)
+            untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
+            logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
         teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0))
         return DrafterOutput(
             logits=logits,
@@ -316,6 +253,7 @@ class DSparkDrafter(nn.Module):
             prev_tokens=prev_tokens,
             target_tokens=target_tokens,
             anchors=anchors,
+            config=cfg,
             teacher_argmax=teacher_argmax,
         )
 

@@ -16,7 +16,7 @@ import torch
 from helpers.law import law_pvalue
 from helpers.targets import bigram_setup, greedy_reference
 
-from dspark_lightning.decoding import _verify, scheduled_length, speculative_generate
+from dspark_lightning.decoding import scheduled_length, speculative_generate, verify_block
 
 
 @pytest.mark.parametrize("mode", ["parallel", "markov", "selector"])
@@ -72,7 +72,7 @@ def test_verify_rule_is_lossless_for_one_slot():
     trials = 20_000
     for _ in range(trials):
         d = torch.multinomial(q[0], 1, generator=g)
-        accepted, next_token = _verify(d, q, p_logits, NoVocab, 1.0, g)
+        accepted, next_token = verify_block(d, q, p_logits, NoVocab, 1.0, g)
         counts[int(d) if accepted == 1 else next_token] += 1
     assert law_pvalue(counts, p) > 1e-3  # fixed seeds: deterministic; 1e-3 guards against a wrong rule only
 
