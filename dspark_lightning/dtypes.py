@@ -1,4 +1,7 @@
-"""The one table of tensor dtypes the package accepts by name (target loading, feature caches, export, GGUF import)."""
+"""The one table of tensor dtypes the package accepts by name (target loading, feature caches, export, GGUF import).
+
+At the package root because models/, data/ and interop/ all name dtypes, and none of them may import the others.
+"""
 
 from __future__ import annotations
 

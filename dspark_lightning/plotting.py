@@ -1,4 +1,4 @@
-"""Matplotlib figures shared by callbacks, the report and the notebooks.
+"""Matplotlib figures shared by callbacks, the report and the notebooks (hence at the package root).
 
 No backend is forced: headless machines get matplotlib's automatic Agg fallback, notebooks keep inline figures.
 

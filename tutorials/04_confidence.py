@@ -122,10 +122,10 @@ for name in ("before", "after"):
 # `drafter.confidence_temperature`:
 
 # %%
-first = module.drafter_config.first_trained_slot
-module.drafter.confidence_temperature[first:] = torch.tensor(calibration["temperatures"])
+trained_temperatures = module.drafter_config.trained_slots(module.drafter.confidence_temperature, dim=0)
+trained_temperatures.copy_(torch.tensor(calibration["temperatures"]))  # a view: writes the drafter's own buffer
 survival, observed, prefix_valid = prefix_quantities(
-    blocks.confidence_logits, blocks.alpha, blocks.valid, module.drafter.confidence_temperature[first:]
+    blocks.confidence_logits, blocks.alpha, blocks.valid, trained_temperatures
 )
 print(
     "mean predicted prefix survival per n:",

@@ -11,8 +11,7 @@ The drafter's attention mask and rotary positions are derived from ``document_id
 the frozen target is run with a block-diagonal causal mask built from the same two fields.
 """
 
-from importlib import import_module
-from typing import Any
+from dspark_lightning import lazy_exports
 
 _EXPORTS = {
     "ShareGPTDataModule": "dspark_lightning.data.datamodule",
@@ -24,9 +23,5 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """Lazy exports, so importing one submodule does not pull in lightning/datasets/transformers."""
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# so importing one submodule does not pull in lightning/datasets/transformers
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -36,8 +36,7 @@ def calibrate_command(ckpt_path: str, output: str | None = None, max_batches: Po
         module, data.val_dataloader(), max_blocks=None, max_batches=max_batches, fields=["confidence_logits"]
     )
     temperatures, ece = fit_sequential_temperatures(blocks.confidence_logits, blocks.alpha, blocks.valid)
-    first = module.drafter_config.first_trained_slot
-    module.drafter.confidence_temperature[first:] = temperatures
+    module.drafter_config.trained_slots(module.drafter.confidence_temperature, dim=0).copy_(temperatures)
     check_finite_state({"confidence_temperature": module.drafter.confidence_temperature}, "calibrate")
     checkpoint = read_checkpoint(ckpt_path)
     checkpoint["state_dict"]["drafter.confidence_temperature"] = module.drafter.confidence_temperature.clone()

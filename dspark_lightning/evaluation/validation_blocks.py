@@ -36,15 +36,15 @@ class ValidationBlocks:
         return int(self.valid.shape[0])
 
 
-def _trained_field(out, name: str, first: int, keep: torch.Tensor, take: int | None) -> torch.Tensor | None:
+def _trained_field(out, name: str, keep: torch.Tensor, take: int | None) -> torch.Tensor | None:
     """One drafter output of the kept blocks, on the CPU: the token before the first trained slot for
     ``first_prev``, else the trained slots in float32; None where the drafter has no such output."""
     if name == "first_prev":
-        return out.prev_tokens.flatten(0, 1)[keep][:take].cpu()[:, first]
+        return out.trained_slots(out.prev_tokens)[keep][:take, 0].cpu()
     tensor = getattr(out, name)
     if tensor is None:
         return None
-    return tensor.flatten(0, 1)[keep][:take].detach().cpu()[:, first:].float()
+    return out.trained_slots(tensor)[keep][:take].detach().cpu().float()
 
 
 @torch.no_grad()
@@ -62,7 +62,6 @@ def collect_blocks(
     if unknown:
         raise ValueError(f"unknown block fields {unknown}; choose from {BLOCK_FIELDS}")
     module.eval()
-    first = module.drafter_config.first_trained_slot
     parts: dict[str, list[torch.Tensor]] = {}
     have = 0
     for step in evaluation_steps(module, dataloader, max_batches):
@@ -70,7 +69,7 @@ def collect_blocks(
         keep = valid.any(dim=1)
         take = None if max_blocks is None else max_blocks - have
         collected = {"valid": valid[keep][:take].cpu(), "alpha": alpha[keep][:take].float().cpu()}
-        collected |= {name: _trained_field(out, name, first, keep, take) for name in fields}
+        collected |= {name: _trained_field(out, name, keep, take) for name in fields}
         for key, value in collected.items():
             if value is not None:
                 parts.setdefault(key, []).append(value)

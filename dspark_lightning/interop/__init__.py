@@ -2,8 +2,7 @@
 (``speculators_load``), exporting a checkpoint to it (``export``, the ``export`` command) and materialising a GGUF
 target as a Hugging Face directory (``gguf_import``, the ``import-gguf`` command)."""
 
-from importlib import import_module
-from typing import Any
+from dspark_lightning import lazy_exports
 
 _EXPORTS = {
     "CONFIG_NAME": "dspark_lightning.interop.speculators_format",
@@ -25,9 +24,5 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """Lazy exports, so reading the format or importing a GGUF does not pull in Lightning (``export`` does)."""
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# so reading the format or importing a GGUF does not pull in Lightning (``export`` does)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,8 +1,7 @@
 """Data preparation that runs the target model or its tokenizer: the offline feature cache (``feature_cache``, the
 ``cache`` command) and the reduced draft vocabulary (``draft_vocab``, the ``draft-vocab`` command)."""
 
-from importlib import import_module
-from typing import Any
+from dspark_lightning import lazy_exports
 
 _EXPORTS = {
     "cache_command": "dspark_lightning.preparation.feature_cache",
@@ -17,9 +16,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """Lazy exports, so importing one submodule does not import the other."""
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)  # so importing one submodule does not import the other
