@@ -39,7 +39,8 @@ from dspark_lightning.data.accounting import (
     SharedCounts,
 )
 from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
-from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES, check_data_files
+from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES
+from dspark_lightning.data.preflight import preflight_data_files
 from dspark_lightning.data.prompts import choose_eval_conversations, prompt_messages
 from dspark_lightning.data.sharegpt import (
     BAD_RECORD_REASONS,
@@ -188,7 +189,11 @@ class ShareGPTDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------------- checks
     def setup(self, stage: str) -> None:
-        """Sniff every local data file this stage reads (layout, encoding) before the first step."""
+        self.check_sources(stage)
+
+    def check_sources(self, stage: str) -> None:
+        """Sniff every local data file this stage reads (layout, encoding) and validate a sample of its records,
+        before the first step; the CLI also runs it before the model (and its target) is built."""
         splits = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",)}.get(stage, ())
         for split in splits:
             if self.cache_for(split) is not None or (split == "validation" and stage == "fit" and not self.val_files):
@@ -196,7 +201,7 @@ class ShareGPTDataModule(L.LightningDataModule):
             source = self._source(split)
             if not source.is_hub:
                 option = {"train": "data.train_files", "validation": "data.val_files", "test": "data.test_files"}
-                check_data_files(source.files, option[split], self.max_record_bytes)
+                preflight_data_files(source.files, option[split], self.max_record_bytes)
 
     def teardown(self, stage: str) -> None:
         """Summarise the skipped records of every split read in this stage (its last or current pass)."""

@@ -17,6 +17,7 @@ Design choices:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,8 @@ from dspark_lightning.data.sources import (  # noqa: F401  (re-exported: the sou
 )
 from dspark_lightning.data.splits import IdSplit, conversation_id, record_id  # noqa: F401  (re-exported)
 from dspark_lightning.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 BAD_RECORD_REASONS: dict[str, str] = {
     "invalid_json": "a JSON Lines line that is not valid JSON (or not UTF-8)",
@@ -154,6 +157,25 @@ def to_conversation(raw: RawRecord) -> Conversation:
     return Conversation(messages, conversation_id(raw.record, messages), raw.source, raw.line)
 
 
+SKIP_EXAMPLES_PER_REASON = 3  # skipped records named with file and line, per reason and process; the rest only counted
+
+
+@dataclass
+class SkipExamples:
+    """Names the first few skipped records of each reason (file, line, detail) in the log; counts stay elsewhere."""
+
+    shown: dict[str, int] = field(default_factory=dict)
+
+    def note(self, bad: InvalidRecord, source: str, line: int | None) -> None:
+        count = self.shown.get(bad.reason, 0)
+        if count >= SKIP_EXAMPLES_PER_REASON:
+            return
+        self.shown[bad.reason] = count + 1
+        where = f"{source}:{line}" if line is not None else source
+        more = " (further ones are only counted)" if count + 1 == SKIP_EXAMPLES_PER_REASON else ""
+        logger.warning("skipped bad record (%s) at %s: %s%s", bad.reason, where, bad.detail, more)
+
+
 @dataclass
 class BadRecordCounter:
     """Counts of unusable records by reason (plain in-process counter; see the datamodule for cross-process)."""
@@ -171,12 +193,15 @@ class BadRecordCounter:
 def iter_conversations(
     raws: Iterator[RawRecord], on_bad_record: str = "skip", counter: BadRecordCounter | None = None
 ) -> Iterator[Conversation]:
-    """Validated conversations of a raw stream; bad ones are counted (skip) or raised with file and line."""
+    """Validated conversations of a raw stream; bad ones are counted (skip, the first few of each reason named in
+    the log) or raised with file and line."""
+    examples = SkipExamples()
     for raw in raws:
         try:
             yield to_conversation(raw)
         except InvalidRecord as bad:
             if on_bad_record == "raise":
                 raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None
+            examples.note(bad, raw.source, raw.line)
             if counter is not None:
                 counter.add(bad.reason)

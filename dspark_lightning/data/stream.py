@@ -17,7 +17,14 @@ from torch.utils.data import IterableDataset as TorchIterableDataset
 from dspark_lightning.data.accounting import SharedCounts
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES
 from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
-from dspark_lightning.data.sharegpt import BadRecordError, DataSource, IdSplit, InvalidRecord, to_conversation
+from dspark_lightning.data.sharegpt import (
+    BadRecordError,
+    DataSource,
+    IdSplit,
+    InvalidRecord,
+    SkipExamples,
+    to_conversation,
+)
 from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker
 
 
@@ -78,6 +85,7 @@ class PackedConversationStream(TorchIterableDataset):
         row = self.counts.current_row()
         self.counts.reset(row)
         packer = SequencePacker(self.seq_len, self.pad_token_id)
+        self.skip_examples = SkipExamples()  # per pass and worker: the first few skips of each reason are named
         for example in self.records:
             raw = raw_record_from_example(example, self.source)
             self.counts.add(row, "records")
@@ -93,6 +101,7 @@ class PackedConversationStream(TorchIterableDataset):
             except InvalidRecord as bad:
                 if self.on_bad_record == "raise":
                     raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None
+                self.skip_examples.note(bad, raw.source, raw.line)
                 self.counts.add(row, bad.reason)
                 continue
             self.counts.add(row, "documents")

@@ -70,6 +70,14 @@ class DSparkCLI(LightningCLI):
                 f"{listed}. Drop these arguments (or set them to the checkpoint's values), or start a new run."
             )
 
+    def instantiate_classes(self) -> None:
+        # the data module is cheap to build (its tokenizer loads lazily): check the data this stage reads before the
+        # model loads its target, which takes minutes for a large one
+        if self.subcommand in LIGHTNING_COMMANDS:
+            data = self._get(self.config, "data")
+            ShareGPTDataModule(**data.as_dict()).check_sources(self.subcommand)
+        super().instantiate_classes()
+
     def instantiate_trainer(self, **kwargs):
         # the loggers exist (jsonargparse built them), nothing has read a version yet: claim the run directories now
         self.claimed_run_dirs = claim_run_directories(self._get(self.config_init, "trainer", default={}).get("logger"))

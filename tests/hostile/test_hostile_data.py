@@ -13,8 +13,10 @@ from helpers.hostile import TARGET, TRAIN, datamodule, fit_args, good_lines
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.accounting import NoTrainableDataError
 from dspark_lightning.data.files import NotJSONError, RecordTooLargeError
+from dspark_lightning.data.preflight import NoUsableRecordsError
 from dspark_lightning.data.records import iter_file_records
 from dspark_lightning.data.sharegpt import BadRecordError, to_conversation
+from dspark_lightning.errors import UserError
 
 # fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
 deadline = hostile.deadline
@@ -37,12 +39,50 @@ def test_empty_jsonl_fails_at_setup_naming_the_file(tmp_path):
 def test_file_of_only_bad_records_is_an_error_with_counts_by_reason(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{"conversations": []}\n{"conversations": [{"from": "tool", "value": "x"}]}\n')
-    with pytest.raises(NoTrainableDataError) as info:
+    with pytest.raises(NoUsableRecordsError) as info:
         cli_main(["fit", *fit_args(tmp_path, train=bad)])
     message = str(info.value)
-    assert "all 3 records were skipped" in message and "bad.jsonl" in message
-    for reason in ("missing_conversations: 1", "empty_conversations: 1", "unknown_role: 1"):
+    assert "data.train_files" in message and "bad.jsonl" in message
+    for reason in ("missing_conversations x1 (first at line 1)", "empty_conversations x1 (first at line 2)"):
         assert reason in message
+    assert "unknown_role x1 (first at line 3)" in message
+
+
+def _no_assistant(path):
+    path.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n' * 5)
+
+
+def _junk(path):
+    path.write_text("id,text\n1,hello\n")
+
+
+def _utf16(path):
+    path.write_bytes(("\n".join(good_lines(3)) + "\n").encode("utf-16"))
+
+
+def _empty(path):
+    path.write_text("")
+
+
+@pytest.mark.parametrize(
+    "write", [_empty, _utf16, _junk, _no_assistant], ids=["empty", "utf16", "junk", "no-assistant"]
+)
+def test_bad_data_is_named_before_the_target_loads_and_leaves_no_run(tmp_path, monkeypatch, write):
+    """The data module's check runs before the model is built: a 30-layer target would otherwise load first."""
+    from dspark_lightning.models import target
+
+    loads = []
+    for cls in (target.FrozenTarget, target.TargetHeads):
+        original = cls.from_pretrained.__func__
+        monkeypatch.setattr(
+            cls, "from_pretrained", classmethod(lambda c, *a, _o=original, **k: loads.append(a) or _o(c, *a, **k))
+        )
+    path = tmp_path / "bad-data.jsonl"
+    write(path)
+    with pytest.raises(UserError, match=r"(?s)data\.train_files.*bad-data\.jsonl"):
+        cli_main(["fit", *fit_args(tmp_path / "runs", train=path)])
+    assert loads == []  # no target was loaded
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("version_*"))
 
 
 # ---------------------------------------------------------------------------------- 3. files checked before training
@@ -170,7 +210,7 @@ def test_draft_vocab_on_empty_or_unusable_input_fails(tmp_path):
     base = ["--tokenizer", TARGET, "--size", "64", "--output", str(tmp_path / "v.safetensors")]
     with pytest.raises(NotJSONError, match=r"every data file is empty: .*empty\.jsonl"):
         cli_main(["draft-vocab", *base, "--data", str(empty)])
-    with pytest.raises(NoTrainableDataError, match=r"missing_conversations: 1"):
+    with pytest.raises(NoUsableRecordsError, match=r"missing_conversations x1 \(first at line 1\)"):
         cli_main(["draft-vocab", *base, "--data", str(bad)])
     assert not (tmp_path / "v.safetensors").exists()
 
@@ -178,8 +218,23 @@ def test_draft_vocab_on_empty_or_unusable_input_fails(tmp_path):
 def test_cache_over_only_bad_records_fails(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{"messages": "hi"}\n')
-    with pytest.raises(NoTrainableDataError, match=r"missing_conversations: 1.*conversations_not_a_list: 1"):
+    with pytest.raises(NoUsableRecordsError, match=r"missing_conversations x1.*conversations_not_a_list x1"):
         cli_main(
             ["cache", "--target", TARGET, "--data", str(bad), "--output", str(tmp_path / "cache"), "--device", "cpu"]
         )
     assert not (tmp_path / "cache" / "index.json").exists()
+
+
+def test_skipped_records_are_named_with_file_and_line_for_the_first_few(tmp_path, caplog):
+    path = tmp_path / "mixed.jsonl"
+    bad = '{"conversations": [{"from": "human", "value": "hi"}]}'  # no assistant turn
+    lines = [*good_lines(12), *([bad] * 5)]
+    path.write_text("\n".join(lines) + "\n")
+    dm = datamodule(path)
+    dm.setup("fit")
+    with caplog.at_level(logging.WARNING, logger="dspark_lightning.data.sharegpt"):
+        list(dm.train_dataloader())
+    named = [r.getMessage() for r in caplog.records if "skipped bad record (no_assistant_turn)" in r.getMessage()]
+    assert [m.split(" at ")[1].split(":")[1] for m in named] == ["13", "14", "15"]  # the first 3 of 5, by line
+    assert all(str(path) in m for m in named) and "further ones are only counted" in named[-1]
+    assert dm.bad_record_counts("train") == {"no_assistant_turn": 5}
