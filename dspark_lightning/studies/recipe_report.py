@@ -28,6 +28,8 @@ from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json, read_checkpoint
 from dspark_lightning.decoding import measure_speedup, measure_verify_cost
+from dspark_lightning.evaluation.decode_command import EvalSetName
+from dspark_lightning.evaluation.eval_set_decoding import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
 from dspark_lightning.studies.command_lines import command_line
@@ -87,9 +89,14 @@ def evaluate_head(
     wall_clock: bool = True,
     packed_verify: bool = False,
     cost_model: bool = False,
+    eval_sets: Sequence[str] = (),
+    eval_set_limit: int | None = None,
+    eval_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    recipe: Recipe | None = None,
 ) -> dict:
     """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing,
-    ``cost_model`` a second timing whose verify length is scheduled by the measured T(n) (``wall_clock_scheduled``)."""
+    ``cost_model`` a second timing whose verify length is scheduled by the measured T(n) (``wall_clock_scheduled``),
+    ``eval_sets`` the measured tau and speedup on each evaluation set with 95% intervals over prompts."""
     online = load_checkpoint_module(checkpoint, features="online")
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
@@ -106,6 +113,7 @@ def evaluate_head(
     )  # fmt: skip
     timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
     row["wall_clock"] = timing
+    cost = None
     if cost_model:
         cost = measure_verify_cost(online.target, max_block=online.drafter.block_size, packed_verify=packed_verify)
         scheduled = measure_speedup(
@@ -114,7 +122,23 @@ def evaluate_head(
         )  # fmt: skip
         scheduled.pop("stats")
         row["wall_clock_scheduled"] = scheduled
+    if eval_sets:
+        measured = measure_eval_sets(
+            online, cli.datamodule, list(eval_sets), [row["measured_mode"]],
+            [None] if cost is None else [None, ("cost", *cost)], temperature=0.0,
+            max_new_tokens=eval_max_new_tokens, k=k, limit=eval_set_limit, packed_verify=packed_verify,
+            heldout_files=recipe.heldout_files if recipe else None,
+            heldout_split=recipe.heldout_split_by_id if recipe else None,
+        )  # fmt: skip
+        row["eval_sets"] = [{key: r[key] for key in EVAL_SET_KEYS} for r in measured]
     return row
+
+
+# per eval set and schedule in results.json: the summary with its intervals, and every prompt's raw measurements
+EVAL_SET_KEYS = (
+    "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
+    "speedup_ci", "ci_confidence", "acceptance_per_slot", "outputs_equal", "prompts_without_verify", "prompt_records",
+)  # fmt: skip
 
 
 def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: str, plots: list[str]) -> str:
@@ -158,8 +182,35 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
             + f"| {draft:.1f} / {phases['verify']:.1f} "
             f"| {'yes' if not _mismatches(r) else 'NO: prompts ' + str(_mismatches(r))} |"
         )
-    lines += ["", *break_even(rows), "", *[f"![{Path(p).stem}]({p})" for p in plots], ""]
+    lines += ["", *break_even(rows), *eval_set_table(rows), "", *[f"![{Path(p).stem}]({p})" for p in plots], ""]
     return "\n".join(lines)
+
+
+def eval_set_table(rows: list[dict]) -> list[str]:
+    """The evaluation-set measurements of every head that has them, one line per (head, set, schedule)."""
+    measured = [(r["head"], e) for r in rows for e in r.get("eval_sets", [])]
+    if not measured:
+        return []
+
+    def interval(value, bounds, suffix=""):
+        return "n/a" if value is None else f"{value:.3f}{suffix} [{bounds[0]:.3f}, {bounds[1]:.3f}]"
+
+    lines = [
+        "",
+        f"Evaluation sets ({measured[0][1]['max_new_tokens']} new tokens per prompt, greedy; 95% paired bootstrap "
+        "intervals over prompts; speedup = total `generate` seconds / total speculative seconds, timed alternately):",
+        "",
+        "| head | eval set | schedule | prompts | measured tau [95% CI] | speedup [95% CI] | outputs equal |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for head, e in measured:
+        schedule = "cost model" if isinstance(e["threshold"], list | tuple) else "whole blocks"
+        lines.append(
+            f"| {head} | {e['eval_set']} | {schedule} | {e['num_prompts']} "
+            f"| {interval(e['measured_tau'], e['measured_tau_ci'])} | {interval(e['speedup'], e['speedup_ci'], 'x')} "
+            f"| {'yes' if e['outputs_equal'] else 'NO'} |"
+        )
+    return lines
 
 
 def _scheduled_cell(w: dict) -> str:
@@ -211,6 +262,9 @@ def report_recipe_command(
     reuse_runs: bool = False,
     packed_verify: bool = False,
     cost_model: bool = False,
+    eval_sets: list[EvalSetName] = [],  # noqa: B006
+    eval_set_limit: PositiveInt | None = None,
+    eval_max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS,
 ) -> list[dict]:
     """Train every head on a recipe (configs/recipes/*.yaml); measured tau and wall clock against the target's generate.
 
@@ -234,6 +288,10 @@ def report_recipe_command(
             (``decoding.kernels``); the ``generate`` baseline keeps the default kernels
         cost_model: also time each head with the verify length scheduled by the confidence head and the measured
             verify cost T(n) = t0 + t1 * n (``decode --cost_model``), a second speedup column
+        eval_sets: also measure each head on these evaluation sets (sharegpt_heldout from the recipe's heldout_files,
+            humaneval), 128 new tokens per prompt, tau and speedup with 95% intervals over prompts
+        eval_set_limit: only the first this many prompts of each evaluation set
+        eval_max_new_tokens: tokens generated per evaluation-set prompt
     """
     if reuse_runs and not runs_dir:
         raise ValueError("--reuse_runs true needs --runs_dir: the directory whose finished runs are reused")
@@ -270,6 +328,8 @@ def report_recipe_command(
                 row = evaluate_head(
                     cli, checkpoint, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k,
                     max_blocks=max_blocks, packed_verify=packed_verify, cost_model=cost_model,
+                    eval_sets=eval_sets, eval_set_limit=eval_set_limit, eval_max_new_tokens=eval_max_new_tokens,
+                    recipe=loaded,
                 )  # fmt: skip
             row.update(head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps)
             rows.append(row)

@@ -32,6 +32,8 @@ class Recipe:
     steps: int
     num_prompts: int
     max_new_tokens: int
+    heldout_files: str | None  # the sharegpt_heldout eval set's conversations (None: the fit config's val_files)
+    heldout_split_by_id: dict[str, float] | None  # ... of which only the validation part of this id split
     path: Path  # the file it was read from
 
     def fit_configs(self, head: str) -> list[str]:

@@ -173,6 +173,7 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
         + ["--heads", "[vanilla]", "--steps", "2"]
         + ["--num_prompts", "2", "--max_new_tokens", "8", "--max_blocks", "16", "--runs_dir", str(tmp_path / "runs")]
         + ["--reuse_runs", "true", "--packed_verify", "true", "--cost_model", "true"]
+        + ["--eval_sets", "[sharegpt_heldout,humaneval]", "--eval_set_limit", "1", "--eval_max_new_tokens", "6"]
         + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]
     )
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")  # still the one run
@@ -181,6 +182,15 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     scheduled = again[0]["wall_clock_scheduled"]
     assert scheduled["outputs_equal"] and scheduled["cost_model"] and 1.0 <= scheduled["mean_verified"] <= 8.0
     assert "cost-model schedule" in (tmp_path / "report" / "report.md").read_text()
+    # the evaluation sets: sharegpt_heldout from the real ShareGPT V3 validation split, HumanEval, both schedules
+    sets = again[0]["eval_sets"]
+    assert [(e["eval_set"], e["threshold"] is None) for e in sets] == [
+        ("sharegpt_heldout", True), ("sharegpt_heldout", False), ("humaneval", True), ("humaneval", False)
+    ]  # fmt: skip
+    for e in sets:
+        assert e["num_prompts"] == 1 and e["outputs_equal"] and e["measured_tau_ci"][0] <= e["measured_tau"]
+        assert e["speedup_ci"] == [e["speedup"], e["speedup"]]  # one prompt: a point interval
+    assert "| vanilla | humaneval | cost model | 1 |" in (tmp_path / "report" / "report.md").read_text()
     # the decode command on the cache-trained checkpoint loads the whole target (greedy: identical to generate)
     decoded = cli_main(
         ["decode", "--ckpt_path", str(ckpt), "--num_prompts", "1", "--max_new_tokens", "6", "--packed_verify", "true"]
