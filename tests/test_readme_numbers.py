@@ -1,0 +1,722 @@
+"""README.md's numbers against the raw files they quote, so that the README cannot drift from its results.
+
+Every markdown table of README.md is listed below, by the section it sits in and its position there:
+
+- a results table maps each column to a field of the results file it quotes (json path or csv column, formatted
+  as the README prints it); every numeric cell is compared as text, and the table's rows must be exactly the
+  file's rows, so a new run with another row or a changed value fails here until the README follows;
+- the Performance table's cells are prose: each row (keyed by its file column) lists the figures it quotes as
+  claims, a template whose ``{}`` are filled from the raw files; every digit of the row must then belong to a
+  claim, to a setup fact (``context``: targets, sizes, machine) or to a figure with no raw file (``unbacked``),
+  which the README marks "no raw file" next to it;
+- a few prose paragraphs that quote a raw file are checked the same way (``PROSE``);
+- ``PROSE_ONLY`` names the tables without figures (why each needs no file); any other table fails.
+
+The README quotes no count of tests (it drifted: "543 tests" with ~600 collected); ``test_no_test_count`` keeps it so.
+Raw files parsed from generated markdown (``gap.json``, ``memory_guidance_*.csv``) must equal what
+``scripts/results_from_reports.py`` makes of their markdown today.
+
+A failure names the table (or paragraph), the row and the expected text; fix the README (or the mapping, when a
+file's layout changed) — never the raw file.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.util
+import json
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from helpers.paths import ROOT
+
+README = (ROOT / "README.md").read_text()
+NO_RAW_FILE = "no raw file"
+
+
+# --------------------------------------------------------------------------------------------- raw files, formats
+@functools.cache
+def load_json(path: str):
+    return json.loads((ROOT / path).read_text())
+
+
+@functools.cache
+def load_csv(path: str) -> tuple[dict, ...]:
+    with open(ROOT / path, newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+def row(path: str, **where) -> dict:
+    """The one row of a csv whose fields equal ``where`` (compared as text)."""
+    found = [r for r in load_csv(path) if all(r[k] == str(v) for k, v in where.items())]
+    assert len(found) == 1, f"{path}: {len(found)} rows match {where}"
+    return found[0]
+
+
+def path_get(data, path: str):
+    """``data`` at a dotted path; integer parts index lists (``rows.2.ece_after``)."""
+    for part in path.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def fmt(value, spec: str) -> str:
+    """``value`` formatted as the README prints it; "n/a" for a value that was not measured."""
+    if value is None:
+        return "n/a"
+    return format(float(value), spec)
+
+
+def span(values, spec: str, unit: str = "") -> str:
+    """ "lo–hi" (en dash) of ``values``, each formatted; the one value when they print the same."""
+    lo, hi = fmt(min(map(float, values)), spec), fmt(max(map(float, values)), spec)
+    return f"{lo}{unit}" if lo == hi else f"{lo}{unit}–{hi}{unit}"
+
+
+def same(values, spec: str) -> str:
+    """The one printed value of ``values`` (a README figure that stands for several rows at once)."""
+    printed = {fmt(v, spec) for v in values}
+    assert len(printed) == 1, f"one figure quoted for values that print differently: {sorted(printed)}"
+    return printed.pop()
+
+
+def search(path: str, pattern: str, group: int = 1) -> str:
+    """A figure stated in the text of a generated file (a benchmark header, a command line)."""
+    found = re.search(pattern, (ROOT / path).read_text())
+    assert found, f"{path}: no {pattern!r}"
+    return found[group]
+
+
+def safetensors_metadata(path: str) -> dict:
+    with open(ROOT / path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))["__metadata__"]
+
+
+# ------------------------------------------------------------------------------------------------- README parsing
+@dataclass
+class Table:
+    section: str  # the heading it sits under
+    index: int  # its position among that section's tables
+    header: list[str]
+    rows: list[list[str]]
+    before: str  # the text between the previous heading or table and this one
+
+
+def split_cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def readme_tables(text: str = README) -> list[Table]:
+    tables, section, index, before, block, fenced = [], "", 0, [], [], False
+
+    def close():
+        nonlocal block, before, index
+        if block:
+            tables.append(Table(section, index, split_cells(block[0]), [split_cells(b) for b in block[2:]],
+                                "\n".join(before)))  # fmt: skip
+            index, block, before = index + 1, [], []
+
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("|"):
+            block.append(line)
+            continue
+        close()
+        if not fenced and re.match(r"#{1,6} ", line):
+            section, index, before = line.lstrip("#").strip(), 0, []
+        else:
+            before.append(line)
+    close()
+    return tables
+
+
+def paragraph(start: str, text: str = README) -> str:
+    """The paragraph (or list item) of the README that begins with ``start``."""
+    at = text.index(start)
+    end = re.compile(r"\n\s*\n|\n- ").search(text, at + len(start))
+    assert text.count(start) == 1, f"README: {start!r} is not unique"
+    return text[at : end.start() if end else len(text)]
+
+
+def bare(cell: str) -> str:
+    """A cell without markdown emphasis."""
+    return cell.replace("**", "")
+
+
+# ------------------------------------------------------------------------------------------------- results tables
+@dataclass
+class ResultsTable:
+    """A README table whose rows are the records of one results file."""
+
+    source: str  # the raw file
+    named: str  # how the README names it in the text before the table
+    records: Callable[[object], dict]  # the file's records by the README row key (the key columns' text)
+    columns: Callable[[object], dict[str, Callable[[dict], str]]]  # header -> the cell's text from a record
+
+
+def num(path: str, digits: int = 3, suffix: str = "") -> Callable[[dict], str]:
+    return lambda r: fmt(path_get(r, path), f".{digits}f") + ("" if path_get(r, path) is None else suffix)
+
+
+DEMO_HEADS = {"none": "none (DFlash)"}
+MEMORY_ANCHORS = "benchmarks/results/memory_guidance_anchors.csv"  # parsed from memory_guidance.md
+
+
+def demo_columns(d):
+    k = d["budget"]["k"]
+    return {
+        "head": lambda r: DEMO_HEADS.get(r["head"], r["head"]),
+        "B": lambda r: str(r["block_size"]),
+        "teacher-forced tau": num("teacher_tau"),
+        "measured tau (greedy, with the target)": num("measured_tau"),
+        f"Selector tau, k={k}": num("measured_selector_tau"),
+        f"agreement@{k}": num("agreement_at_k"),
+        f"coverage@{k}": num("coverage_at_k"),
+        "prefix ECE raw → calibrated": lambda r: f"{r['ece_before']:.3f} → {r['ece_after']:.3f}",
+    }
+
+
+def smollm2_columns(d):
+    k = d["rows"][0]["wall_clock"]["k"]
+    return {
+        "head": lambda r: r["head"],
+        "teacher-forced tau": num("teacher_tau"),
+        "TF greedy tau": num("teacher_greedy_tau"),
+        "measured tau": lambda r: f"{r['measured_tau']:.3f} ({r['measured_mode']})",
+        f"Selector tau (k={k})": num("measured_selector_tau"),
+        f"agreement@{k}": num("agreement_at_k"),
+        f"coverage@{k}": num("coverage_at_k"),
+        "prefix ECE raw -> calibrated": lambda r: f"{r['ece_before']:.4f} -> {r['ece_after']:.4f}",
+        "generate tok/s": num("wall_clock.baseline_tokens_per_second", 1),
+        "speculative tok/s": num("wall_clock.speculative_tokens_per_second", 1),
+        "speedup": num("wall_clock.speedup", 2, "x"),
+        "speedup, cost-model schedule (drafts verified per step)": lambda r: (
+            f"{r['wall_clock_scheduled']['speedup']:.2f}x ({r['wall_clock_scheduled']['mean_verified']:.2f})"
+        ),
+        "draft / verify ms per step": lambda r: "{:.1f} / {:.1f}".format(
+            r["wall_clock"]["phase_ms_per_step"]["draft_backbone"] + r["wall_clock"]["phase_ms_per_step"]["draft_head"],
+            r["wall_clock"]["phase_ms_per_step"]["verify"],
+        ),
+        "outputs equal": lambda r: (
+            "yes" if r["wall_clock"]["outputs_equal"] and r["wall_clock_scheduled"]["outputs_equal"] else "no"
+        ),
+    }
+
+
+def loss_columns(labels: dict[str, str]):
+    def columns(d):
+        def mean_std(key):
+            return lambda g: f"{g[key]:.3f} ± {g[key + '_std']:.3f}"
+
+        return {
+            "loss": lambda g: labels[g["label"]],
+            "teacher-forced tau": mean_std("teacher_tau"),
+            "TF greedy tau": mean_std("teacher_greedy_tau"),
+            "measured tau (greedy, with the target)": mean_std("measured_tau"),
+        }
+
+    return columns
+
+
+# The README quotes four (target, GPU) rows of memory_guidance.md, its S = 4096 column in both modes.
+MEMORY_ROWS = (("Qwen3-0.6B", 80), ("Qwen3-8B", 80), ("Qwen3-8B", 141), ("Qwen3-32B", 80))
+
+
+def memory_guidance_records(rows):
+    def anchors(target, gib, mode):
+        return int(row(MEMORY_ANCHORS, target=target, gpu_gib=gib, mode=mode, seq_len=4096)["max_anchors"])
+
+    return {
+        (target, f"{gib} GB"): {
+            "target": target,
+            "gpu": gib,
+            **{m: anchors(target, gib, m) for m in ("online", "cache")},
+        }
+        for target, gib in MEMORY_ROWS
+    }
+
+
+def anchors_cell(mode):
+    return lambda r: "does not fit" if r[mode] == 0 else str(r[mode])
+
+
+DEMO_LOSSES = {"kl": "kl", "tv": "tv", "ce+tv": "ce + tv (default, 0.1/0.9)", "js": "js", "nla": "nla",
+               "lk_hybrid": "lk_hybrid", "nla+dpace": "nla + D-PACE"}  # fmt: skip
+SMOLLM2_LOSSES = {"kl": "kl (the recipe's default)", "tv": "tv", "ce+tv": "ce + tv (0.1/0.9)", "js": "js",
+                  "nla": "nla", "lk_hybrid": "lk_hybrid", "js+dpace": "js + D-PACE"}  # fmt: skip
+
+RESULTS_TABLES = {
+    ("Results", 0): ResultsTable(
+        "reports/demo/results.json",
+        "reports/demo/report.md",
+        lambda d: {(DEMO_HEADS.get(r["head"], r["head"]), str(r["block_size"])): r for r in d["rows"]},
+        demo_columns,
+    ),
+    ("SmolLM2-135M-Instruct + ShareGPT V3", 0): ResultsTable(
+        "reports/smollm2/results.json",
+        "reports/smollm2/report.md",
+        lambda d: {(r["head"],): r for r in d["rows"]},
+        smollm2_columns,
+    ),
+    ("Drafter losses", 0): ResultsTable(
+        "reports/loss_study/results.json",
+        "reports/loss_study/report.md",
+        lambda d: {(DEMO_LOSSES[g["label"]],): g for g in d["groups"]},
+        loss_columns(DEMO_LOSSES),
+    ),
+    ("Drafter losses", 1): ResultsTable(
+        "reports/loss_study_smollm2/results.json",
+        "reports/loss_study_smollm2/report.md",
+        lambda d: {(SMOLLM2_LOSSES[g["label"]],): g for g in d["groups"]},
+        loss_columns(SMOLLM2_LOSSES),
+    ),
+    ("How many anchors fit", 0): ResultsTable(
+        MEMORY_ANCHORS,
+        "benchmarks/results/memory_guidance.md",
+        memory_guidance_records,
+        lambda rows: {
+            "target": lambda r: r["target"],
+            "GPU": lambda r: f"{r['gpu']} GB",
+            "online, S = 4096": anchors_cell("online"),
+            "cache, S = 4096": anchors_cell("cache"),
+        },
+    ),
+}
+
+# Tables without a single figure: the only ones that need no raw file.
+PROSE_ONLY = {
+    ("Scaling up", 0): "which option to use for which need: names of configs and commands, no figures",
+    ("Library at a glance", 0): "what each module holds: no figures",
+}
+
+
+# ------------------------------------------------------------------------------------ prose cells and paragraphs
+@dataclass
+class Figures:
+    """The figures of one prose cell or paragraph: every digit in it must belong to one of these lists."""
+
+    claims: list[tuple] = field(default_factory=list)  # (template with {}, *values: thunks giving the printed text)
+    context: list[str] = field(default_factory=list)  # setup facts, targets and names, not results
+    unbacked: list[str] = field(default_factory=list)  # figures with no raw file; "no raw file" stands next to each
+
+
+TRAIN_STEP = "benchmarks/results/train_step.csv"
+LOSS_MEMORY = "benchmarks/results/loss_memory.csv"
+SELECTOR, SELECTOR_MD = "benchmarks/results/selector.csv", "benchmarks/results/selector.md"
+DECODE = "benchmarks/results/decode.json"
+SMOLLM2_DECODE = "benchmarks/results/smollm2/decode.json"
+VERIFY, VERIFY_MD = "benchmarks/results/verify_kernels.json", "benchmarks/results/verify_kernels.md"
+QUICKSTART = "benchmarks/results/quickstart.csv"
+SCALING = "benchmarks/results/scaling.csv"
+SMOLLM2_DRAFT_VOCAB = "assets/smollm2/draft_vocab.safetensors"
+
+
+def step(config: str, column: str, spec: str | None = None) -> Callable[[], str]:
+    """A column of one config of the training-step benchmark."""
+    return lambda: fmt(row(TRAIN_STEP, config=config)[column], spec) if spec else row(TRAIN_STEP, config=config)[column]
+
+
+def sel(head: str, vocab: int, batch: int, column: str, spec: str) -> Callable[[], str]:
+    return lambda: fmt(row(SELECTOR, head=head, vocab=vocab, batch=batch)[column], spec)
+
+
+def sel_ratios(column: str, over: str, vocab: int, batch: int) -> list[float]:
+    """column / over of the vanilla and the gated row."""
+    rows = [row(SELECTOR, head=h, vocab=vocab, batch=batch) for h in ("vanilla", "gated")]
+    return [float(r[column]) / float(r[over]) for r in rows]
+
+
+def speedup_rows(path: str, cached: bool | None = None) -> list[dict]:
+    return [r for r in load_json(path)["speedup"] if cached is None or r["drafter_cache"] == cached]
+
+
+def phases(r: dict) -> dict:
+    return r["phase_ms_per_step"]
+
+
+def drafter_ms(r: dict) -> float:
+    return phases(r)["draft_backbone"] + phases(r)["draft_head"]
+
+
+def generate_ms(r: dict) -> float:
+    """ms per token of the `generate` baseline."""
+    return 1000 / r["baseline_tokens_per_second"]
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def sweep(path: str, end: int, column: str, spec: str | None = None) -> Callable[[], str]:
+    """The first (end=0) or last (end=-1) context length of a drafter-step sweep, or a column there."""
+    point = lambda: load_json(path)["context_sweep"][end]  # noqa: E731
+    return lambda: fmt(point()[column], spec) if spec else str(point()[column])
+
+
+def forward(rows: int, column: str, spec: str = ".1f") -> Callable[[], str]:
+    """A column of the verify-kernel benchmark's forward cost over ``rows`` rows."""
+    return lambda: fmt(next(c for c in load_json(VERIFY)["forward_costs"] if c["rows"] == rows)[column], spec)
+
+
+def scaling(sweep_name: str, end: int, column: str, spec: str | None = None) -> Callable[[], str]:
+    """The first (end=0) or last (end=-1) point of a scaling sweep, or a column there."""
+    point = lambda: [r for r in load_csv(SCALING) if r["sweep"] == sweep_name][end]  # noqa: E731
+    return lambda: fmt(point()[column], spec) if spec else point()[column]
+
+
+# One entry per row of the Performance table, by its file column. Kept one claim a line (ruff format off).
+# fmt: off
+PERFORMANCE = {
+    "benchmarks/results/train_step.md": Figures(
+        claims=[
+            ("the `speculators` {} DSpark implementation",
+             lambda: row(TRAIN_STEP, config="vanilla-B8")["reference"].split(",")[0].removeprefix("speculators ")),
+            ("**{}×** its step time ({} vs {} ms, vanilla B={})", step("vanilla-B8", "ratio", ".2f"),
+             step("vanilla-B8", "ours_ms", ".0f"), step("vanilla-B8", "theirs_ms", ".0f"),
+             step("vanilla-B8", "block_size")),
+            ("**{}×** ({} vs {} ms, gated B={})", step("gated-B16", "ratio", ".2f"),
+             step("gated-B16", "ours_ms", ".0f"), step("gated-B16", "theirs_ms", ".0f"),
+             step("gated-B16", "block_size")),
+            ("{} vs {} MiB peak RSS", step("vanilla-B8", "ours_peak_rss_mib", ".0f"),
+             step("vanilla-B8", "theirs_peak_rss_mib", ".0f")),
+        ],
+        context=["fp32"],
+        unbacked=["0.61–0.76× over five runs"],
+    ),
+    "benchmarks/results/loss_memory.md": Figures(
+        claims=[
+            ("{} rows of bf16 logits", lambda: same([r["rows"] for r in load_csv(LOSS_MEMORY)], ".0f")),
+            ("**{}×** one bf16 logits tensor (gradient included) at Vd = {}k and {}k, vs {}× unchunked",
+             lambda: same([r["x_bf16_logits"] for r in load_csv(LOSS_MEMORY)
+                           if (r["mode"], r["impl"]) == ("train", "chunked")], ".2f"),
+             lambda: str(int(load_csv(LOSS_MEMORY)[0]["vocab"]) // 1000),
+             lambda: str(int(load_csv(LOSS_MEMORY)[-1]["vocab"]) // 1000),
+             lambda: same([r["x_bf16_logits"] for r in load_csv(LOSS_MEMORY)
+                           if (r["mode"], r["impl"]) == ("train", "reference")], ".0f")),
+        ],
+    ),
+    "benchmarks/results/selector.md": Figures(
+        claims=[
+            ("{}", lambda: search(SELECTOR_MD, r"(B = \d+, k = \d+, r = \d+)")),
+            ("Vd = 32k: **{}×** (vanilla) / **{}×** (gated) for one block; **{}×** / **{}×** at batch 32",
+             sel("vanilla", 32768, 1, "speedup", ".0f"), sel("gated", 32768, 1, "speedup", ".0f"),
+             sel("vanilla", 32768, 32, "speedup", ".1f"), sel("gated", 32768, 32, "speedup", ".1f")),
+            ("(load average ≈ {} on the 2 cores; minima {}× / {}×;",
+             lambda: fmt(search(SELECTOR_MD, r"load average ([\d.]+)"), ".0f"),
+             sel("vanilla", 32768, 32, "speedup_of_minima", ".1f"), sel("gated", 32768, 32, "speedup_of_minima", ".1f")),
+            ("(`--compare {}`, identical tokens): {}× / {}× faster at batch 32",
+             lambda: search(SELECTOR_MD, r"against the walk at `(\w+)`"),
+             sel("vanilla", 32768, 32, "old_over_new", ".2f"), sel("gated", 32768, 32, "old_over_new", ".2f")),
+            ("the committed run's batch-1 ratios, {}× / {}×, are preemption noise: medians {}× the minima",
+             sel("vanilla", 32768, 1, "old_over_new", ".2f"), sel("gated", 32768, 1, "old_over_new", ".2f"),
+             lambda: span(sel_ratios("walk_ms", "walk_min_ms", 32768, 1)
+                          + sel_ratios("walk_old_ms", "walk_old_min_ms", 32768, 1), ".1f")),
+            ("top-k over B·Vd logits ({}% of the walk at Vd = 32k, {}% at 152k, batch 32",
+             lambda: span([100 * x for x in sel_ratios("topk_ms", "walk_ms", 32768, 32)], ".0f"),
+             lambda: span([100 * x for x in sel_ratios("topk_ms", "walk_ms", 151936, 32)], ".0f")),
+        ],
+        context=["batch-32 target of 10×", "W1 / W2"],
+        unbacked=["13.4× / 12.0× in an earlier run the same hour", "1.47× / 1.35× in a walk-only process",
+                  "3.7k / 5.0k pages per call", "1.0–1.1× at batch 1 in a walk-only A/B of 601 paired calls",
+                  "2.5× a single read of the logits"],
+    ),
+    "benchmarks/results/decode.md": Figures(
+        claims=[
+            ("drafter trained {} quickstart steps", lambda: search(DECODE, r"trained for (\d+) steps")),
+            ("{} eval prompts × {} tokens", lambda: str(load_json(DECODE)["prompts"]),
+             lambda: str(load_json(DECODE)["max_new_tokens"])),
+            ("**{}×** with the drafter context cache (tau {}, outputs equal to `generate`)",
+             lambda: span([r["speedup"] for r in speedup_rows(DECODE, cached=True)], ".2f"),
+             lambda: span([r["tau"] for r in speedup_rows(DECODE, cached=True)], ".2f")),
+            ("a verify step (≈{} ms) costs little more than one token of `generate` (≈{} ms)",
+             lambda: fmt(mean(phases(r)["verify"] for r in speedup_rows(DECODE)), ".0f"),
+             lambda: fmt(mean(map(generate_ms, speedup_rows(DECODE))), ".1f")),
+            ("the drafter and its bookkeeping add ≈{} ms per step, so tau {} cannot pay off",
+             lambda: fmt(mean(v["overhead_ms"] for v in load_json(DECODE)["verify_lengths"]), ".0f"),
+             lambda: fmt(max(r["tau"] for r in speedup_rows(DECODE)), ".1f")),
+            ("from {} to {} context tokens: **{} → {} ms** with the cache vs {} → {} ms re-projecting the prefix"
+             " ({}× at 4k)", sweep(DECODE, 0, "context"), sweep(DECODE, -1, "context"),
+             sweep(DECODE, 0, "cached_ms", ".1f"), sweep(DECODE, -1, "cached_ms", ".1f"),
+             sweep(DECODE, 0, "uncached_ms", ".1f"), sweep(DECODE, -1, "uncached_ms", ".1f"),
+             sweep(DECODE, -1, "ratio", ".1f")),
+        ],
+        context=["1M-parameter demo target"],
+    ),
+    "benchmarks/results/smollm2/decode.md": Figures(
+        claims=[
+            ("{} held-out prompts × {} tokens; run at load average ≈ {} on the 2 cores",
+             lambda: str(load_json(SMOLLM2_DECODE)["prompts"]), lambda: str(load_json(SMOLLM2_DECODE)["max_new_tokens"]),
+             lambda: fmt(load_json(SMOLLM2_DECODE)["machine"]["load_average"].split()[0], ".0f")),
+            ("**{}×** (tau {}, outputs equal to `generate`",
+             lambda: span([r["speedup"] for r in speedup_rows(SMOLLM2_DECODE)], ".2f"),
+             lambda: span([r["tau"] for r in speedup_rows(SMOLLM2_DECODE)], ".2f")),
+            ("its {} head rows", lambda: safetensors_metadata(SMOLLM2_DRAFT_VOCAB)["draft_vocab_size"]),
+            ("A step now costs **{} `generate` tokens** (break-even tau",
+             lambda: span([sum(phases(r).values()) / generate_ms(r) for r in speedup_rows(SMOLLM2_DECODE)], ".1f")),
+            ("the verify forward {} tokens",
+             lambda: span([phases(r)["verify"] / generate_ms(r) for r in speedup_rows(SMOLLM2_DECODE)], ".1f")),
+            ("the drafter {} (",
+             lambda: span([drafter_ms(r) / generate_ms(r) for r in speedup_rows(SMOLLM2_DECODE, True)], ".2f")),
+            ("**≈ {}% of a verify",
+             lambda: span([100 * drafter_ms(r) / phases(r)["verify"] for r in speedup_rows(SMOLLM2_DECODE, True)],
+                          ".0f")),
+            ("a {}–{}-token forward costs {}× a 1-token one",
+             lambda: str(load_json(VERIFY)["forward_costs"][1]["rows"]),
+             lambda: str(load_json(VERIFY)["forward_costs"][-1]["rows"]),
+             lambda: span([c["default_over_one_row"] for c in load_json(VERIFY)["forward_costs"][1:]], ".1f")),
+            ("Drafter step {} → {} context tokens: {} → {} ms cached vs {} → {} ms re-projecting ({}×)",
+             sweep(SMOLLM2_DECODE, 0, "context"), sweep(SMOLLM2_DECODE, -1, "context"),
+             sweep(SMOLLM2_DECODE, 0, "cached_ms", ".1f"), sweep(SMOLLM2_DECODE, -1, "cached_ms", ".1f"),
+             sweep(SMOLLM2_DECODE, 0, "uncached_ms", ".1f"), sweep(SMOLLM2_DECODE, -1, "uncached_ms", ".0f"),
+             sweep(SMOLLM2_DECODE, -1, "ratio", ".0f")),
+            ("fitted T(n) = {} + {}·n ms at that load",
+             lambda: fmt(load_json(SMOLLM2_DECODE)["verify_cost_ms"][0], ".0f"),
+             lambda: fmt(load_json(SMOLLM2_DECODE)["verify_cost_ms"][1], ".1f")),
+        ],
+        context=["SmolLM2-135M-Instruct", "target ≤ 25% met", "T(1)"],
+        unbacked=["absolute ms are ≈ 2× the quiet machine's", "0.54–0.57× before", "2.06–2.16 before",
+                  "1.8–1.9 before", "0.20–0.22;", "22.2 → 13.9 ms", "0.61× → 0.67×", "0.69× → 0.75×",
+                  "108.6 + 5.1·n ms"],
+    ),
+    "benchmarks/results/verify_kernels.md": Figures(
+        claims=[
+            ("a cached {}-token prefix", lambda: search(VERIFY_MD, r"cached (\d+)-token prefix")),
+            ("{} repeats", lambda: str(load_json(VERIFY)["repeats"])),
+            ("one `generate`-step forward (n = 1) **{} ms**", forward(1, "default_ms")),
+            ("a 9-row verify **{} → {} ms** (T(9)/T(1) {} → {})", forward(9, "default_ms"), forward(9, "packed_ms"),
+             forward(9, "default_over_one_row", ".2f"), forward(9, "packed_over_one_row", ".2f")),
+            ("5 rows {} → {} ms ({}×)", forward(5, "default_ms"), forward(5, "packed_ms"),
+             forward(5, "packed_over_default", ".2f")),
+            ("2 rows {} → {} ms ({}×)", forward(2, "default_ms"), forward(2, "packed_ms"),
+             forward(2, "packed_over_default", ".2f")),
+            ("{} held-out prompts × {} tokens, outputs equal): **{}× → {}×** `generate`",
+             lambda: str(load_json(VERIFY)["prompts"]), lambda: str(load_json(VERIFY)["max_new_tokens"]),
+             lambda: fmt(load_json(VERIFY)["end_to_end"]["default"]["speedup"], ".2f"),
+             lambda: fmt(load_json(VERIFY)["end_to_end"]["packed"]["speedup"], ".2f")),
+        ],
+        context=["SmolLM2-135M-Instruct", "gated head, 1,200 steps", "1M demo target", "2–9 rows", "AVX2"],
+        unbacked=["(load ≈ 3–4) measured 0.85× and 0.84×", "(3.8 → 7.1 ms at n = 1"],
+    ),
+    "benchmarks/results/quickstart.md": Figures(
+        claims=[
+            ("({} steps, 2 validations", lambda: same([r["steps"] for r in load_csv(QUICKSTART)], ".0f")),
+            ("**{} s** with one torch thread", lambda: fmt(row(QUICKSTART, torch_threads=1)["wall_s"], ".0f")),
+            ("torch's default {} threads", lambda: row(QUICKSTART, omp_num_threads="unset")["torch_threads"]),
+            ("but **{} s** on this machine", lambda: fmt(row(QUICKSTART, omp_num_threads="unset")["wall_s"], ".0f")),
+            ("target ≤ {} min {} with one thread",
+             lambda: fmt(float(row(QUICKSTART, torch_threads=1)["target_s"]) / 60, ".0f"),
+             lambda: "met" if row(QUICKSTART, torch_threads=1)["met"] == "yes" else "missed"),
+        ],
+        unbacked=["50 s with"],
+    ),
+    "benchmarks/results/scaling.md": Figures(
+        claims=[
+            ("S {} → {}: {} → {} ms (the target's own forward: {} → {} ms)",
+             scaling("seq_len", 0, "seq_len"), scaling("seq_len", -1, "seq_len"),
+             scaling("seq_len", 0, "step_ms", ".0f"), scaling("seq_len", -1, "step_ms", ".0f"),
+             scaling("seq_len", 0, "target_ms", ".0f"), scaling("seq_len", -1, "target_ms", ".0f")),
+            ("A {} → {}: {} → {} ms", scaling("anchors", 0, "anchors"), scaling("anchors", -1, "anchors"),
+             scaling("anchors", 0, "step_ms", ".0f"), scaling("anchors", -1, "step_ms", ".0f")),
+        ],
+        unbacked=["~70% of the largest point"],
+    ),
+}
+# fmt: on
+
+GAP_DEMO, GAP_SMOLLM2 = "reports/demo/gap.json", "reports/smollm2_400steps/gap.json"
+DEMO_RESULTS, COMPUTE = "reports/demo/results.json", "benchmarks/results/memory_guidance_compute.csv"
+
+
+def gap(path: str, key: str, step: str | None = None, spec: str | None = ".3f") -> Callable[[], str]:
+    """A figure of a gap table; deltas print with a sign and a true minus, as the README writes them."""
+    value = lambda: load_json(path)[key] if step is None else load_json(path)[key][step]  # noqa: E731
+    return lambda: fmt(value(), spec).replace("-", "−") if spec else str(value())
+
+
+def vocab(key: str) -> Callable[[], str]:
+    """A field of the SmolLM2 draft vocabulary's own metadata (sizes, the training coverage)."""
+    return lambda: safetensors_metadata(SMOLLM2_DRAFT_VOCAB)[key]
+
+
+# Paragraphs (by their opening words) that quote a raw file.
+# fmt: off
+PROSE = {
+    "`dspark-lightning report --output reports/demo` trains": Figures(
+        claims=[
+            ("({} steps each", lambda: str(load_json(DEMO_RESULTS)["budget"]["steps"])),
+            ("{} min here", lambda: fmt(load_json(DEMO_RESULTS)["seconds"] / 60, ".1f")),
+        ],
+    ),
+    "Where the gap comes from": Figures(
+        claims=[
+            ("a {}-step quickstart drafter", lambda: search("reports/demo/gap.md", r"max_steps=(\d+)")),
+            ("{} prompts × {} tokens", gap(GAP_DEMO, "prompts", spec=None), gap(GAP_DEMO, "max_new_tokens", spec=None)),
+            ("greedy tau {} on validation text, {} ({}) on the target's own replies, {} with the drafter's own",
+             gap(GAP_DEMO, "tau", "a"), gap(GAP_DEMO, "tau", "b"), gap(GAP_DEMO, "delta", "b", "+.3f"),
+             lambda: "unchanged" if load_json(GAP_DEMO)["delta"]["c"] == 0 else "changed"),
+            ("{} ({}) at the positions decoding anchors — {} the measured tau",
+             gap(GAP_DEMO, "tau", "d"), gap(GAP_DEMO, "delta", "d", "+.3f"),
+             lambda: "exactly" if load_json(GAP_DEMO)["delta"]["measured"] == 0 else "not"),
+        ],
+    ),
+    "The gap decomposed on the gated drafter": Figures(
+        claims=[
+            ("{}-step gated run", lambda: search("reports/smollm2_400steps/gap.md", r"(\d+)\s+steps\)")),
+            ("{} prompts × {} tokens", gap(GAP_SMOLLM2, "prompts", spec=None),
+             gap(GAP_SMOLLM2, "max_new_tokens", spec=None)),
+            ("greedy tau {} on the (regenerated) validation text, {} on the target's own replies, {} at decoding's"
+             " anchors {} measured", gap(GAP_SMOLLM2, "tau", "a"), gap(GAP_SMOLLM2, "tau", "b"),
+             gap(GAP_SMOLLM2, "tau", "d"), lambda: "=" if load_json(GAP_SMOLLM2)["delta"]["measured"] == 0 else "≠"),
+            ("the full {}-token vocabulary", vocab("verifier_vocab_size")),
+            ("the best of the {} draft tokens", vocab("draft_vocab_size")),
+        ],
+    ),
+    "- **Draft vocabulary**": Figures(
+        claims=[
+            ("Vd = {} of V = {}, built from the {} training conversations, covers {}% of their supervised tokens",
+             lambda: f"{int(vocab('draft_vocab_size')()):,}", lambda: f"{int(vocab('verifier_vocab_size')()):,}",
+             lambda: str(len((ROOT / "assets/smollm2/regenerated/train-00000.jsonl").read_text().splitlines())),
+             lambda: fmt(100 * float(vocab("coverage")()), ".0f")),
+        ],
+        context=["~9% is a long tail", "near 0.9"],
+        unbacked=["**90.2%** of the validation split's", "553 later training conversations",
+                  "91.3% of 70,752 tokens", "1,504 conversations", "91.4% of the validation split"],
+    ),
+    "Memory is dominated by": Figures(
+        claims=[
+            ("({}% of a Qwen3-8B step at S = {}, A = {})",
+             lambda: row(COMPUTE, target="Qwen3-8B", seq_len=4096)["cache_share_percent"],
+             lambda: row(COMPUTE, target="Qwen3-8B", seq_len=4096)["seq_len"],
+             lambda: search("benchmarks/results/memory_guidance.md", r"TFLOP\) at A = (\d+)")),
+        ],
+        context=["S ≈ 4k"],
+    ),
+}
+# fmt: on
+
+
+# ---------------------------------------------------------------------------------------------------------- tests
+def table_key(table: Table, keys) -> tuple | None:
+    """The mapping key of a README table: its section (a key may name the start of the heading) and position."""
+    found = [key for key in keys if table.section.startswith(key[0]) and table.index == key[1]]
+    assert len(found) <= 1, f"{table.section!r}: several mapping keys {found}"
+    return found[0] if found else None
+
+
+def the_table(key) -> Table:
+    found = [t for t in readme_tables() if table_key(t, [key])]
+    assert len(found) == 1, f"README: {len(found)} tables at {key} (a mapped table was moved or removed?)"
+    return found[0]
+
+
+def test_every_readme_table_has_a_raw_file_or_is_prose_only():
+    keys = [*RESULTS_TABLES, *PROSE_ONLY, ("Performance", 0)]
+    unmapped = [(t.section, t.index, t.header) for t in readme_tables() if table_key(t, keys) is None]
+    assert not unmapped, f"README tables with no raw file mapped in this test (add them to RESULTS_TABLES): {unmapped}"
+    for key in keys:
+        the_table(key)
+
+
+@pytest.mark.parametrize("key", list(RESULTS_TABLES), ids=lambda k: f"{k[0]}#{k[1]}")
+def test_results_table_matches_its_file(key):
+    spec, table = RESULTS_TABLES[key], the_table(key)
+    assert spec.named in table.before, f"README names {spec.named} before the table under {key[0]!r}"
+    data = load_csv(spec.source) if spec.source.endswith(".csv") else load_json(spec.source)
+    columns, records = spec.columns(data), spec.records(data)
+    assert table.header == list(columns), f"{key}: columns {table.header}, mapped {list(columns)}"
+    key_columns = len(next(iter(records)))
+    readme_keys = [tuple(bare(c) for c in cells[:key_columns]) for cells in table.rows]
+    assert sorted(readme_keys) == sorted(records), f"{key}: README rows {readme_keys}, {spec.source} {list(records)}"
+    wrong = []
+    for cells, k in zip(table.rows, readme_keys, strict=True):
+        for header, cell in zip(table.header, cells, strict=True):
+            expected = columns[header](records[k])
+            if bare(cell) != expected:
+                wrong.append(f"{k} {header!r}: README {cell!r}, {spec.source} gives {expected!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def check_figures(text: str, figures: Figures, where: str):
+    """Each claim as filled from the raw files is in ``text``; every other digit is context or marked unbacked."""
+    text = " ".join(text.split())  # the README wraps its lines anywhere
+    rest, wrong = text, []
+    for template, *values in figures.claims:
+        expected = " ".join(template.format(*(value() for value in values)).split())
+        if expected not in text:
+            wrong.append(f"{where}: README should say {expected!r}")
+        rest = rest.replace(expected, " ")
+    for snippet in figures.unbacked:
+        at = text.find(snippet)
+        if at < 0:
+            wrong.append(f"{where}: no {snippet!r} (an unbacked figure listed here; delete it from the list?)")
+        elif NO_RAW_FILE not in text[max(0, at - 200) : at + len(snippet) + 200]:
+            wrong.append(f"{where}: {snippet!r} has no raw file and the README does not say so next to it")
+        rest = rest.replace(snippet, " ")
+    for snippet in figures.context:
+        assert snippet in text, f"{where}: no {snippet!r} (a context snippet listed here)"
+        rest = rest.replace(snippet, " ")
+    rest = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", rest)  # code spans and link targets: names, not figures
+    stray = sorted(set(re.findall(r"[^\s]*\d[^\s]*", rest)))
+    if stray:
+        wrong.append(f"{where}: figures no claim covers (map them to a raw file or mark them {NO_RAW_FILE!r}): {stray}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("source", list(PERFORMANCE))
+def test_performance_row_matches_its_file(source):
+    table = the_table(("Performance", 0))
+    assert table.header == ["what", "result", "file"]
+    assert sorted(cells[2].strip("`") for cells in table.rows) == sorted(PERFORMANCE), "rows vs PERFORMANCE keys"
+    what, result, _ = next(cells for cells in table.rows if cells[2].strip("`") == source)
+    check_figures(f"{what}\n{result}", PERFORMANCE[source], source)
+
+
+@pytest.mark.parametrize("start", list(PROSE))
+def test_prose_figures_match_their_files(start):
+    check_figures(paragraph(start), PROSE[start], start)
+
+
+@pytest.mark.parametrize("key", list(PROSE_ONLY), ids=lambda k: k[0])
+def test_prose_only_tables_hold_no_figures(key):
+    table = the_table(key)
+    text = " ".join(" ".join(cells) for cells in [table.header, *table.rows])
+    text = re.sub(r"`[^`]*`", " ", text)  # code: names of files, configs and commands
+    assert not re.findall(r"(?<![\w-])\d", text), f"{key}: a figure in a table listed as prose-only"
+
+
+def test_no_test_count():
+    """The README says "the suite", never how many tests it holds: that count drifted (543 quoted, ~600 collected)."""
+    assert not re.search(r"\b\d[\d,]*\s+(?:test cases|tests)\b", README), "README quotes a number of tests"
+
+
+def test_raw_files_parsed_from_markdown_are_up_to_date():
+    spec = importlib.util.spec_from_file_location("results_from_reports", ROOT / "scripts/results_from_reports.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    stale = [str(p.relative_to(ROOT)) for p, text in script.derived_files().items() if p.read_text() != text]
+    assert not stale, f"run python scripts/results_from_reports.py: {stale}"
+
+
+def test_table_parser_reads_cells_sections_and_the_text_before():
+    text = "# A\n\nsee `x.json`:\n\n| k | v |\n|---|---:|\n| a | 1.0 |\n\n```\n| not | a table |\n```\n## B\n| k |\n|---|\n"
+    a, b = readme_tables(text)
+    assert (a.section, a.index, a.header, a.rows) == ("A", 0, ["k", "v"], [["a", "1.0"]])
+    assert "`x.json`" in a.before and (b.section, b.index, b.rows) == ("B", 0, [])
+
+
+def test_check_figures_fails_on_a_changed_or_unclaimed_figure():
+    figures = Figures(claims=[("tau {}", lambda: "1.50")], unbacked=["7 s"], context=["B = 8"])
+    check_figures("B = 8: tau 1.50, 7 s (no raw file)", figures, "ok")
+    with pytest.raises(AssertionError, match="should say 'tau 1.50'"):
+        check_figures("B = 8: tau 1.51, 7 s (no raw file)", figures, "changed")
+    with pytest.raises(AssertionError, match=r"no claim covers.*'3x'"):
+        check_figures("B = 8: tau 1.50, 7 s (no raw file), 3x", figures, "stray")
+    with pytest.raises(AssertionError, match="does not say so"):
+        check_figures("B = 8: tau 1.50, 7 s", figures, "unmarked")
