@@ -5,9 +5,11 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from dataclasses import asdict
 
 import torch
 
+from dspark_lightning.decoding.eval_report import PromptDecodeRecord
 from dspark_lightning.decoding.loop import speculative_generate
 from dspark_lightning.decoding.stats import DecodeStats
 from dspark_lightning.decoding.target_forwards import causal_lm
@@ -47,8 +49,9 @@ def measure_speedup(
     Returns a dict: ``speedup`` = total baseline seconds / total speculative seconds, ``median_prompt_speedup``,
     tokens/s of both, tau, the speculative run's phase times (``phase_ms_per_step``, ``prefill_seconds``),
     ``accepted_rate_per_slot``, ``outputs_equal``, ``mismatches`` (prompt indices), the per-prompt seconds and
-    ``stats`` (the merged ``DecodeStats`` of the speculative runs) and ``prompt_stats`` (each prompt's own); drop
-    both before writing JSON.
+    ``prompt_records`` (each prompt's ``PromptDecodeRecord`` as a dict, the input of ``summarize_eval_set``; a
+    prompt with no verify step has none) and ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it
+    before writing JSON).
     """
     model = causal_lm(target)
     device = device if device is not None else next(model.parameters()).device
@@ -143,6 +146,14 @@ def measure_speedup(
         mismatches=mismatches,
         baseline_prompt_seconds=baseline_seconds,
         speculative_prompt_seconds=speculative_seconds,
+        prompt_records=[
+            asdict(
+                PromptDecodeRecord.from_stats(
+                    run, baseline_seconds=b, speculative_seconds=s, outputs_equal=i not in mismatches
+                )
+            )
+            for i, (run, b, s) in enumerate(zip(runs, baseline_seconds, speculative_seconds))
+            if run.target_forwards > 0
+        ],
         stats=merged,
-        prompt_stats=runs,
     )

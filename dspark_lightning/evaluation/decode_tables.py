@@ -48,15 +48,7 @@ def decode_table(
                     module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, **schedule
                 )
                 stats = result.pop("stats")
-                mismatched = set(result["mismatches"])
-                timings = zip(result["baseline_prompt_seconds"], result["speculative_prompt_seconds"])
-                records = [
-                    PromptDecodeRecord.from_stats(
-                        run, baseline_seconds=base, speculative_seconds=spec, outputs_equal=index not in mismatched
-                    )
-                    for index, (run, (base, spec)) in enumerate(zip(result.pop("prompt_stats"), timings))
-                    if run.target_forwards > 0
-                ]
+                records = result["prompt_records"]
                 extra = {
                     key: result[key]
                     for key in (
@@ -84,7 +76,7 @@ def decode_table(
                     )
                     runs.append(run)
                 stats = DecodeStats.merge(runs)
-                records = [PromptDecodeRecord.from_stats(run) for run in runs if run.target_forwards > 0]
+                records = [asdict(PromptDecodeRecord.from_stats(run)) for run in runs if run.target_forwards > 0]
             rows.append(
                 dict(
                     mode=mode,
@@ -95,7 +87,7 @@ def decode_table(
                     accepted_rate_per_slot=stats.accepted_rate_per_slot,
                     phase_ms_per_step=stats.phase_ms_per_step(),
                     prompts_without_verify=len(prompts) - len(records),
-                    prompt_records=[asdict(record) for record in records],
+                    prompt_records=records,
                     **extra,
                 )
             )
