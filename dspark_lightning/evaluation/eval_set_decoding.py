@@ -64,7 +64,7 @@ def measure_eval_sets(
             module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
             packed_verify=packed_verify,
         ):  # fmt: skip
-            rows.append(row | summarize_eval_set(name, row["prompt_records"]))
+            rows.append(row | summarize_eval_set(name, row["prompt_records"]) | {"max_new_tokens": max_new_tokens})
     return rows
 
 

@@ -10,13 +10,14 @@ drafter whose q differs from p, which is what the statistical losslessness tests
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 from helpers.law import law_pvalue
 from helpers.targets import bigram_setup, greedy_reference
 
-from dspark_lightning.decoding import scheduled_length, speculative_generate, verify_block
+from dspark_lightning.decoding import DecodeStats, scheduled_length, speculative_generate, verify_block
 
 
 @pytest.mark.parametrize("mode", ["parallel", "markov", "selector"])
@@ -147,3 +148,16 @@ def test_exact_law_helper_is_a_distribution():
     p = torch.softmax(bigram, -1)
     total = sum(float(p[1, a] * p[a, b] * p[b, c]) for a, b, c in itertools.product(range(5), repeat=3))
     assert abs(total - 1.0) < 1e-5
+
+
+def test_a_decode_whose_first_token_ends_it_has_no_tau():
+    """The prompt forward's own token is EOS: no verify step ran, so tau is undefined (NaN), not 0, and a set's tau
+    (total emitted / total forwards) leaves the prompt out."""
+    model, target, drafter, _ = bigram_setup(noise=0.7)
+    prompt = torch.tensor([[1, 3]])
+    first = int(greedy_reference(model, prompt, 1, eos=[])[0, -1])
+    out, stats = speculative_generate(target, drafter, prompt, 12, mode="markov", eos_token_id=[first])
+    assert out[0, -1] == first and stats.target_forwards == 0 and math.isnan(stats.tau)
+    _, other = speculative_generate(target, drafter, prompt, 12, mode="markov", eos_token_id=[])
+    merged = DecodeStats.merge([stats, other])
+    assert merged.tau == pytest.approx(sum(other.emitted_per_step) / other.target_forwards)
