@@ -172,7 +172,7 @@ def measure_speedup(
             f"(IQR {noise['baseline_tokens_per_second_iqr']:.1f} of median "
             f"{noise['baseline_tokens_per_second_median']:.1f} tokens/s, limit {NOISE_LIMIT:.0%}): this wall clock "
             f"is too noisy to trust; load average {noise['load_average']} (os.getloadavg: 1, 5, 15 min)",
-            stacklevel=2,
+            stacklevel=3,  # measure_speedup's caller (torch.no_grad's wrapper is one frame)
         )
     merged = DecodeStats.merge(runs)
     baseline_tokens = sum(prompt_baseline_tokens)
