@@ -15,9 +15,12 @@ spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes '[parall
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -73,6 +76,50 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def suggestion(message: str, parser) -> str:
+    """`` (did you mean --ckpt_path?)`` for each misspelt option or command in a parser's error message, from the
+    parser's own option names and commands (difflib's close matches); "" when nothing is close."""
+    unknown = re.search(r"unrecognized arguments: (.*)", message, re.I)
+    choice = re.search(r"invalid choice: '([^']+)'", message)
+    if unknown:
+        words = [w.split("=", 1)[0] for w in unknown[1].split() if w.startswith("--")]
+        names = list(parser._option_string_actions)
+    elif choice:
+        words, names = [choice[1]], [*LIGHTNING_COMMANDS, *TOOL_COMMANDS]
+    else:
+        return ""
+    close = [match[0] for word in words if (match := difflib.get_close_matches(word, names, n=1, cutoff=0.6))]
+    return f" (did you mean {' / '.join(close)}?)" if close else ""
+
+
+@contextmanager
+def short_usage_errors(prog: str) -> Iterator[None]:
+    """While a command line parses, a usage error prints two lines: the error (with a "did you mean" for a misspelt
+    option) and where the options are listed, instead of jsonargparse's whole usage (110 lines for ``fit``).
+
+    jsonargparse has no hook for this and LightningCLI builds its own parsers, so ``ArgumentParser.error`` (which
+    both inherit) is replaced for the duration; a parser that raises instead of exiting, and ``DSPARK_DEBUG=1`` or
+    ``JSONARGPARSE_DEBUG``, keep the original behaviour.
+    """
+    original = ArgumentParser.error
+
+    def error(parser, message: str, ex: Exception | None = None):
+        debug = os.environ.get("DSPARK_DEBUG") == "1" or os.environ.get("JSONARGPARSE_DEBUG")
+        if not parser.exit_on_error or debug:
+            return original(parser, message, ex)
+        failing = getattr(ex, "subcommand_parser", None) or parser
+        usage = f"{prog} [options]" if " " in prog else f"{prog} COMMAND [options]"
+        sys.stderr.write(f"usage: {usage}   ({prog} --help lists them)\n")
+        sys.stderr.write(f"{prog}: error: {message}{suggestion(message, failing)}\n")
+        parser.exit(2)
+
+    ArgumentParser.error = error
+    try:
+        yield
+    finally:
+        ArgumentParser.error = original
+
+
 def run_command(name: str, argv: Sequence[str]) -> object:
     """Parse ``argv`` as the options of tool command ``name`` and call its function; returns what it returns."""
     parser = command_parser(name)
@@ -89,12 +136,14 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True) -> object:
     ``fit`` word).
     """
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in TOOL_COMMANDS:
-        return run_command(argv[0], argv[1:])
-    if run and (not argv or argv[0] not in LIGHTNING_COMMANDS):
-        build_parser().parse_args(argv)  # --help lists every command; anything else is a usage error naming them
-    epilog = f"other commands (dspark-lightning COMMAND --help): {', '.join(TOOL_COMMANDS)}"
-    return lightning_main(None if args is None else argv, run=run, epilog=epilog)
+    known = argv and argv[0] in (*TOOL_COMMANDS, *LIGHTNING_COMMANDS)
+    with short_usage_errors(f"dspark-lightning {argv[0]}" if known else "dspark-lightning"):
+        if argv and argv[0] in TOOL_COMMANDS:
+            return run_command(argv[0], argv[1:])
+        if run and not known:
+            build_parser().parse_args(argv)  # --help lists every command; anything else is a usage error naming them
+        epilog = f"other commands (dspark-lightning COMMAND --help): {', '.join(TOOL_COMMANDS)}"
+        return lightning_main(None if args is None else argv, run=run, epilog=epilog)
 
 
 def main() -> int:

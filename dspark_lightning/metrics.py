@@ -177,7 +177,7 @@ class ConfidenceCalibration(Metric):
             "mean_confidence_per_slot": _safe_div(self.slot_conf_sum, self.slot_count),
             "mean_alpha_per_slot": _safe_div(self.slot_alpha_sum, self.slot_count),
             "prefix_survival_bias": _safe_div(self.prefix_bias_sum, pn),
-            "ece": _safe_div((self.bin_conf_sum - self.bin_obs_sum).abs().sum(), n),
+            "slot_ece": _safe_div((self.bin_conf_sum - self.bin_obs_sum).abs().sum(), n),  # c_k vs α_k, every slot
             "prefix_ece": _safe_div((self.pbin_conf_sum - self.pbin_obs_sum).abs().sum(), pn),
             "reliability_confidence": _safe_div(self.pbin_conf_sum, self.pbin_count),
             "reliability_observed": _safe_div(self.pbin_obs_sum, self.pbin_count),

@@ -201,10 +201,10 @@ fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
 ece = {}
 for i, run in enumerate(r for r in loaded if r["blocks"].confidence_logits is not None):
     calibration = heldout_calibration(run["blocks"])
-    ece[run["name"]] = {"ECE raw": calibration["ece_before"], "ECE calibrated": calibration["ece_after"]}
+    ece[run["name"]] = {"prefix ECE raw": calibration["ece_before"], "prefix ECE calibrated": calibration["ece_after"]}
     for ax, when in zip(axes, ("before", "after")):
         predicted, observed, counts = calibration[f"bins_{when}"]
-        label = f"{run['head']} B={run['block']} (ECE {calibration[f'ece_{when}']:.3f})"
+        label = f"{run['head']} B={run['block']} (prefix ECE {calibration[f'ece_{when}']:.3f})"
         ax.plot(predicted, observed, "o-", color=f"C{i}", label=label)
 for ax, when in zip(axes, ("raw", "after temperature scaling")):
     ax.plot([0, 1], [0, 1], "--", color="gray")

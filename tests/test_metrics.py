@@ -121,7 +121,7 @@ def test_ece_and_prefix_by_hand():
     # bins: 9 → {.95}; 5 → {.55, .52, .5}; 1 → {.15}
     ece = (1 / 5) * abs(0.95 - 0.75) + (3 / 5) * abs((0.55 + 0.52 + 0.5) / 3 - (0.45 + 0.58 + 0.2) / 3)
     ece += (1 / 5) * abs(0.15 - 0.35)
-    assert out["ece"].item() == pytest.approx(ece, rel=1e-5)
+    assert out["slot_ece"].item() == pytest.approx(ece, rel=1e-5)
     # prefixes: block 0 all three slots; block 1 only slot 0 (slot 1 invalid ends the prefix)
     pc = [0.95, 0.95 * 0.55, 0.95 * 0.55 * 0.15, 0.52]
     pa = [0.75, 0.75 * 0.45, 0.75 * 0.45 * 0.35, 0.58]
@@ -142,7 +142,7 @@ def test_calibration_perfect_and_edge_bins():
     a = torch.tensor([[1.0, 0.0], [0.3, 0.7]])
     m.update(a, a, torch.ones(2, 2, dtype=torch.bool))
     out = m.compute()
-    for k in ("mean_abs_error", "ece", "prefix_ece", "prefix_survival_bias"):
+    for k in ("mean_abs_error", "slot_ece", "prefix_ece", "prefix_survival_bias"):
         assert out[k].item() == pytest.approx(0.0, abs=1e-7), k
     assert out["reliability_count"].sum().item() == 4 and out["reliability_count"][9].item() == 1  # c = 1 → last bin
 

@@ -11,6 +11,7 @@ client's per-cell timeout (how long the tutorials take is measured, not asserted
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jupytext
@@ -35,6 +36,16 @@ def repository_snapshot() -> set[str]:
         if folder.exists():
             entries |= {str(p.relative_to(ROOT)) for p in folder.rglob("*") if "__pycache__" not in p.parts}
     return entries
+
+
+def test_the_notebook_dependencies_are_declared():
+    """The tutorials run in JupyterLab, where rich's progress bars need ipywidgets (without it rich only warns
+    'install "ipywidgets" for Jupyter support' and shows no bar)."""
+    import tomllib
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=\[ ]", dependency, maxsplit=1)[0] for dependency in dependencies}
+    assert {"jupyterlab", "ipywidgets", "rich"} <= names
 
 
 def test_every_notebook_is_a_jupytext_pair():

@@ -64,13 +64,13 @@ PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "8"))
 #
 # The quickstart config has one (`confidence_head: true`, reading the hidden state and the Markov head's
 # previous-token embedding: `confidence_with_markov: true`). 300 steps, then the validation's confidence metrics:
-# mean `c` vs mean `α`, mean `|c - α|`, the ECE of the per-slot `c_k`, the ECE of the prefix survival `a_n`, and the
-# signed bias of `a_n` against the observed prefix acceptance.
+# mean `c` vs mean `α`, mean `|c - α|`, the ECE of the per-slot `c_k` (`slot_ece`), the ECE of the prefix survival
+# `a_n` (`prefix_ece`), and the signed bias of `a_n` against the observed prefix acceptance.
 
 # %%
 cli = cli_main(["fit", *demo_fit_args(WORK, steps=STEPS, eval_prompts=PROMPTS)])
 module = cli.model
-names = ["mean_confidence", "mean_alpha", "mean_abs_error", "ece", "prefix_ece", "prefix_survival_bias"]
+names = ["mean_confidence", "mean_alpha", "mean_abs_error", "slot_ece", "prefix_ece", "prefix_survival_bias"]
 metrics = cli.trainer.callback_metrics
 pd.Series({f"val/confidence/{n}": round(float(metrics[f"val/confidence/{n}"]), 4) for n in names}).to_frame("value")
 
@@ -108,7 +108,7 @@ print(
 print("temperatures per slot:", [round(t, 2) for t in calibration["temperatures"]])
 for name in ("before", "after"):
     fig = plotting.reliability_diagram(
-        *calibration[f"bins_{name}"], title=f"{name} temperature scaling (ECE {calibration[f'ece_{name}']:.4f})"
+        *calibration[f"bins_{name}"], title=f"{name} temperature scaling (prefix ECE {calibration[f'ece_{name}']:.4f})"
     )  # fmt: skip
 
 # %% [markdown]

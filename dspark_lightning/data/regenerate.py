@@ -17,6 +17,9 @@ Design choices:
   restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
   cut off, ids already present are skipped and writing continues in the last shard. ``--limit`` caps the total number
   of records in the output directory, so rerunning the same command finishes an interrupted job.
+- Progress: a bar with an ETA over the records still wanted (``--limit``) or this job's conversations still to do.
+  SIGTERM stops it between batches (a second one at once), with every written record whole: the summary says
+  ``stopped``, the exit status is 143, and rerunning the same command continues.
 - Parallel jobs: ``--num_jobs N --job_index i`` (e.g. one process per GPU, or a SLURM array) regenerates valid
   records i, i+N, ... and writes ``train-iiiofNNN-00000.jsonl`` ... into the same ``--output``; each job only scans
   and resumes its own shards, and ``train-*.jsonl`` reads all of them as one dataset. ``--limit`` is per job.
@@ -29,79 +32,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
+from dspark_lightning.data.shard_writer import ResumableShardWriter, to_sharegpt
 from dspark_lightning.data.sharegpt import IdSplit, InvalidRecord, conversation_id, resolve_source, to_conversation
+from dspark_lightning.progress import progress_bar, stop_on_sigterm
 
-SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
-SHARD_PREFIX = "train-"
-
-
-def to_sharegpt(identifier: str, messages: Sequence[dict[str, str]]) -> dict[str, Any]:
-    return {
-        "id": identifier,
-        "conversations": [{"from": SHAREGPT_ROLE[m["role"]], "value": m["content"]} for m in messages],
-    }
-
-
-class ResumableShardWriter:
-    """Append records to ``train-NNNNN.jsonl`` shards; knows the ids already written (see module docstring)."""
-
-    def __init__(self, directory: str | os.PathLike, shard_size: int, prefix: str = SHARD_PREFIX):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.shard_size, self.prefix = shard_size, prefix
-        self.done_ids: set[str] = set()
-        self.removed_bytes = 0  # of partial / unreadable trailing lines left by an interrupted run
-        own = re.compile(re.escape(prefix) + r"\d{5}\.jsonl")  # not another job's shards
-        shards = sorted(p for p in self.directory.glob(f"{prefix}*.jsonl") if own.fullmatch(p.name))
-        count_in_last = 0
-        for shard in shards:
-            count_in_last = self._scan(shard)
-        self.index = len(shards) - 1 if shards and count_in_last < shard_size else len(shards)
-        self.count_in_shard = count_in_last if shards and count_in_last < shard_size else 0
-
-    def _scan(self, shard: Path) -> int:
-        """Collect the ids of ``shard``; cut off a trailing partial or corrupt line. Returns the record count."""
-        data = shard.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        lines = data[:keep].split(b"\n")[:-1]
-        count = 0
-        offset = 0
-        for line in lines:
-            try:
-                self.done_ids.add(json.loads(line)["id"])
-            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-                keep = offset  # an unreadable line: drop it and everything after it
-                break
-            offset += len(line) + 1
-            count += 1
-        if keep < len(data):
-            self.removed_bytes += len(data) - keep
-            with open(shard, "r+b") as handle:
-                handle.truncate(keep)
-        return count
-
-    @property
-    def path(self) -> Path:
-        return self.directory / f"{self.prefix}{self.index:05d}.jsonl"
-
-    def write(self, records: Iterable[dict[str, Any]]) -> None:
-        for record in records:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self.done_ids.add(record["id"])
-            self.count_in_shard += 1
-            if self.count_in_shard >= self.shard_size:
-                self.index, self.count_in_shard = self.index + 1, 0
+__all__ = ["GreedyRegenerator", "ResumableShardWriter", "read_conversations", "regenerate", "regenerate_command"]
 
 
 def read_conversations(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
@@ -284,38 +227,59 @@ def regenerate(
     counts: Counter = Counter()
     already = len(writer.done_ids)
     batch: list[tuple[str, list[dict[str, str]]]] = []
+    mine = lambda counter: job_conversations(data, counter, id_split, split, num_jobs, job_index)  # noqa: E731
+    if limit is not None:  # the bar counts records written, up to the limit
+        total, unit = max(0, limit - already), "records"
+    else:  # the bar counts this job's conversations still to do (unknown for a streamed hub dataset)
+        total = None if resolve_source(data).is_hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
+        unit = "conversations"
+    with progress_bar("regenerate", total, unit) as advance, stop_on_sigterm("regenerate") as stop_requested:
 
-    def flush() -> None:
-        records = regenerator.regenerate_batch(batch, counts)
-        writer.write(records)
-        counts["written"] += len(records)
-        batch.clear()
+        def flush() -> None:
+            records = regenerator.regenerate_batch(batch, counts)
+            writer.write(records)
+            counts["written"] += len(records)
+            advance(len(records) if limit is not None else len(batch))
+            batch.clear()
 
+        for identifier, messages in mine(counts):
+            if stop_requested():  # between batches: what is written is whole, and a rerun continues from it
+                break
+            if limit is not None and len(writer.done_ids) >= limit:
+                break
+            if identifier in writer.done_ids or any(identifier == b[0] for b in batch):
+                counts["skipped_already_done"] += 1
+                continue
+            batch.append((identifier, messages))
+            # --limit counts records written: a batch asks for no more than are still wanted, and a conversation
+            # that yields no record (its prompt over max_prompt_tokens, say) leaves room for the next batch
+            wanted = batch_size if limit is None else min(batch_size, limit - len(writer.done_ids))
+            if len(batch) >= wanted:
+                flush()
+        if batch and not stop_requested():
+            flush()
+        stopped = stop_requested()
+    summary = {"output": str(output), "records_before": already, "records_after": len(writer.done_ids)}
+    if writer.removed_bytes:
+        summary["removed_partial_bytes"] = writer.removed_bytes
+    if stopped:
+        summary["stopped"] = "SIGTERM: rerun the same command to continue"
+    return {**summary, **counts}
+
+
+def job_conversations(
+    data, counts: Counter, id_split: IdSplit | None, split: str, num_jobs: int, job_index: int
+) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """The valid conversations of ``data`` that ``id_split`` puts in ``split`` and that fall to job ``job_index``
+    of ``num_jobs`` (the split's records dealt out in turn), in order."""
     ordinal = -1
     for identifier, messages in read_conversations(data, counts):
         if id_split is not None and id_split.split_of(identifier) != split:
             counts["skipped_other_split"] += 1
             continue
         ordinal += 1  # jobs share out the records of this split
-        if ordinal % num_jobs != job_index:
-            continue  # another job's record
-        if limit is not None and len(writer.done_ids) >= limit:
-            break
-        if identifier in writer.done_ids or any(identifier == b[0] for b in batch):
-            counts["skipped_already_done"] += 1
-            continue
-        batch.append((identifier, messages))
-        # --limit counts records written: a batch asks for no more than are still wanted, and a conversation that
-        # yields no record (its prompt over max_prompt_tokens, say) leaves room for the next batch
-        wanted = batch_size if limit is None else min(batch_size, limit - len(writer.done_ids))
-        if len(batch) >= wanted:
-            flush()
-    if batch:
-        flush()
-    summary = {"output": str(output), "records_before": already, "records_after": len(writer.done_ids)}
-    if writer.removed_bytes:
-        summary["removed_partial_bytes"] = writer.removed_bytes
-    return {**summary, **counts}
+        if ordinal % num_jobs == job_index:
+            yield identifier, messages
 
 
 def regenerate_command(
@@ -378,4 +342,6 @@ def regenerate_command(
         split_by_id=split_by_id,
     )
     print(json.dumps(summary, indent=2))
+    if "stopped" in summary:
+        raise SystemExit(143)  # 128 + SIGTERM, as if the signal had ended it: a `regenerate && ...` chain stops
     return summary

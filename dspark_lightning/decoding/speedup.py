@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -14,11 +16,54 @@ from dspark_lightning.decoding.loop import speculative_generate
 from dspark_lightning.decoding.stats import DecodeStats
 from dspark_lightning.decoding.target_forwards import causal_lm
 
+# the baseline's per-prompt tokens/s varies across prompts by little on a quiet machine (same target, similar
+# lengths); an interquartile range above this fraction of the median means other load moved the clock
+NOISE_LIMIT = 0.25
+
 
 def _as_ids(prompt, device) -> torch.Tensor:
     ids = prompt if isinstance(prompt, torch.Tensor) else torch.tensor(prompt)
     ids = ids.to(device=device, dtype=torch.long)
     return ids[None] if ids.ndim == 1 else ids
+
+
+def quartiles(values) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), interpolating linearly between order statistics (numpy's default
+    percentile); one value is all three."""
+    values = [float(v) for v in values]
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def load_average() -> list[float] | None:
+    """``os.getloadavg()`` (1, 5 and 15 minutes), None where the platform has none."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds) -> dict:
+    """The noise of one measurement, from its per-prompt numbers: the interquartile range (IQR) of the per-prompt
+    speedups and of the baseline's per-prompt tokens/s, and ``noisy`` when the latter's IQR exceeds ``NOISE_LIMIT``
+    of its median (the baseline is the same target on every prompt, so its rate should barely move)."""
+    speedups = [b / s if s > 0 else float("nan") for b, s in zip(baseline_seconds, speculative_seconds)]
+    rates = [n / s if s > 0 else float("nan") for n, s in zip(prompt_baseline_tokens, baseline_seconds)]
+    s1, _, s3 = quartiles(speedups)
+    r1, rate_median, r3 = quartiles(rates)
+    relative = (r3 - r1) / rate_median if rate_median > 0 else float("nan")
+    return dict(
+        prompt_speedups=speedups,
+        prompt_speedup_iqr=s3 - s1,
+        baseline_prompt_tokens_per_second=rates,
+        baseline_tokens_per_second_median=rate_median,
+        baseline_tokens_per_second_iqr=r3 - r1,
+        baseline_relative_spread=relative,
+        noisy=not relative <= NOISE_LIMIT,  # NaN (no time measured) is not to be trusted either
+        load_average=load_average(),
+    )
 
 
 @torch.no_grad()
@@ -37,6 +82,8 @@ def measure_speedup(
     packed_verify: bool = False,
     warmup: bool = True,
     device=None,
+    on_prompt: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict:
     """Time greedy ``generate`` (the baseline) and greedy ``speculative_generate`` alternately, prompt by prompt.
 
@@ -44,7 +91,8 @@ def measure_speedup(
     alike; one untimed call of each on the first prompt warms them up. Both are timed around the whole call (prompt
     forward included). The outputs must be equal token for token (greedy speculative decoding is lossless); a
     mismatch is listed in ``mismatches`` and raised as a warning. ``packed_verify`` is passed to the speculative
-    runs only: the baseline keeps the target's default kernels.
+    runs only: the baseline keeps the target's default kernels. ``on_prompt()`` is called after each prompt's two
+    timed runs (a progress bar); ``clock`` is the timer (seconds).
 
     Returns a dict: ``speedup`` = total baseline seconds / total speculative seconds, ``median_prompt_speedup``,
     tokens/s of both, tau, the speculative run's phase times (``phase_ms_per_step``, ``prefill_seconds``),
@@ -52,6 +100,8 @@ def measure_speedup(
     ``prompt_records`` (each prompt's ``PromptDecodeRecord`` as a dict, the input of ``summarize_eval_set``; a
     prompt with no verify step has none) and ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it
     before writing JSON).
+    The spread (``spread``): ``prompt_speedup_iqr``, ``baseline_tokens_per_second_iqr``
+    and its median, ``noisy`` and the ``load_average``; a noisy measurement is also a warning naming the load.
     """
     model = causal_lm(target)
     device = device if device is not None else next(model.parameters()).device
@@ -92,32 +142,44 @@ def measure_speedup(
 
     def timed(fn, ids):
         sync()
-        start = time.perf_counter()
+        start = clock()
         result = fn(ids)
         sync()
-        return result, time.perf_counter() - start
+        return result, clock() - start
 
     if warmup:
         baseline(prompts[0])
         speculative(prompts[0])
     baseline_seconds, speculative_seconds, runs, mismatches = [], [], [], []
-    baseline_tokens = 0
+    prompt_baseline_tokens = []
     for index, ids in enumerate(prompts):
         reference, seconds = timed(baseline, ids)
         baseline_seconds.append(seconds)
-        baseline_tokens += reference.shape[1] - ids.shape[1]
+        prompt_baseline_tokens.append(reference.shape[1] - ids.shape[1])
         (output, stats), seconds = timed(speculative, ids)
         speculative_seconds.append(seconds)
         runs.append(stats)
         if not torch.equal(output, reference):
             mismatches.append(index)
+        if on_prompt is not None:
+            on_prompt()
     if mismatches:
         warnings.warn(
             f"speculative output differs from the target's greedy generate on prompts {mismatches} "
             f"(mode {mode}): greedy speculative decoding must be lossless",
             stacklevel=2,
         )
+    noise = spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds)
+    if noise["noisy"]:
+        warnings.warn(
+            f"the target's own generate ran at {noise['baseline_relative_spread']:.0%} spread across prompts "
+            f"(IQR {noise['baseline_tokens_per_second_iqr']:.1f} of median "
+            f"{noise['baseline_tokens_per_second_median']:.1f} tokens/s, limit {NOISE_LIMIT:.0%}): this wall clock "
+            f"is too noisy to trust; load average {noise['load_average']} (os.getloadavg: 1, 5, 15 min)",
+            stacklevel=3,  # measure_speedup's caller (torch.no_grad's wrapper is one frame)
+        )
     merged = DecodeStats.merge(runs)
+    baseline_tokens = sum(prompt_baseline_tokens)
     base_total, spec_total = sum(baseline_seconds), sum(speculative_seconds)
     return dict(
         mode=mode,
@@ -133,7 +195,7 @@ def measure_speedup(
         baseline_seconds=base_total,
         speculative_seconds=spec_total,
         speedup=base_total / spec_total if spec_total > 0 else float("nan"),
-        median_prompt_speedup=statistics.median(b / s for b, s in zip(baseline_seconds, speculative_seconds)),
+        median_prompt_speedup=statistics.median(noise["prompt_speedups"]),
         baseline_tokens_per_second=baseline_tokens / base_total if base_total > 0 else float("nan"),
         speculative_tokens_per_second=merged.new_tokens / spec_total if spec_total > 0 else float("nan"),
         tau=merged.tau,
@@ -155,5 +217,6 @@ def measure_speedup(
             for i, (run, b, s) in enumerate(zip(runs, baseline_seconds, speculative_seconds))
             if run.target_forwards > 0
         ],
+        **noise,
         stats=merged,
     )

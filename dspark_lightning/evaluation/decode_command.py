@@ -27,6 +27,7 @@ from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
 from dspark_lightning.decoding.identity import check_identity as replay_decode  # the option is check_identity
 from dspark_lightning.errors import OptionError
 from dspark_lightning.evaluation.decode_tables import (
+    decode_plan,
     decode_table,
     print_decode_table,
     print_verify_length_table,
@@ -130,9 +131,11 @@ def decode_command(
         if json:
             Path(json).write_text(dumps_json(rows, indent=2))
         return rows
+    _, plan = decode_plan(len(prompts), len(runnable), len(schedules), max_new_tokens, baseline and temperature == 0)
+    print(f"decode: {plan}", flush=True)
     rows = decode_table(
         module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,
-        packed_verify=packed_verify,
+        packed_verify=packed_verify, progress="decode",
     )  # fmt: skip
     print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {temperature}")
     if cost_model:

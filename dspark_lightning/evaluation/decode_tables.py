@@ -7,12 +7,34 @@ phase; with ``baseline`` also the target's own ``generate`` timed alternately an
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import asdict
 
 import torch
 
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
 from dspark_lightning.decoding.eval_report import PromptDecodeRecord
+from dspark_lightning.progress import progress_bar
+
+
+def decode_plan(num_prompts: int, num_modes: int, num_schedules: int, max_new_tokens: int, baseline: bool):
+    """(timed runs, the line that announces them): what ``decode`` and each eval set print before they start."""
+    runs = num_prompts * num_modes * num_schedules * (2 if baseline else 1)
+    text = (
+        f"{num_modes} modes x {num_schedules} schedules x {num_prompts} prompts x {max_new_tokens} new tokens, "
+        f"baseline {'on' if baseline else 'off'}: {runs} timed runs"
+    )
+    return runs, text
+
+
+NOISE_KEYS = (
+    "prompt_speedup_iqr",
+    "baseline_tokens_per_second_median",
+    "baseline_tokens_per_second_iqr",
+    "baseline_relative_spread",
+    "noisy",
+    "load_average",
+)
 
 
 def decode_table(
@@ -26,72 +48,70 @@ def decode_table(
     seed=0,
     baseline=False,
     packed_verify=False,
+    progress: str | None = None,
 ):
     """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
 
     With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
-    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal. Each row keeps its
-    per-prompt measurements (``prompt_records``, the input of ``summarize_eval_set``); a prompt with no verify step
-    (its first token ended it) has no tau and is counted in ``prompts_without_verify`` instead.
+    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal; the row keeps the
+    measurement's spread (``NOISE_KEYS``). Each row keeps its per-prompt measurements (``prompt_records``, the input
+    of ``summarize_eval_set``); a prompt with no verify step (its first token ended it) has no tau and is counted in
+    ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
     """
+    timed = baseline and temperature == 0
+    total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed)
+    bar = progress_bar(progress, total, "runs") if progress else nullcontext(lambda n=1: None)
     rows = []
-    for mode in modes:
-        for threshold in thresholds:
-            schedule = dict(
-                confidence_threshold=None if isinstance(threshold, tuple) else threshold,
-                cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
-                packed_verify=packed_verify,
-            )
-            extra = {}
-            if baseline and temperature == 0:
-                result = measure_speedup(
-                    module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, **schedule
+    with bar as advance:
+        for mode in modes:
+            for threshold in thresholds:
+                schedule = dict(
+                    confidence_threshold=None if isinstance(threshold, tuple) else threshold,
+                    cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
+                    packed_verify=packed_verify,
                 )
-                stats = result.pop("stats")
-                records = result["prompt_records"]
-                extra = {
-                    key: result[key]
-                    for key in (
-                        "speedup",
-                        "median_prompt_speedup",
-                        "baseline_tokens_per_second",
-                        "outputs_equal",
-                        "mismatches",
-                    )
-                }
-            else:
-                generator = torch.Generator().manual_seed(seed)
-                runs = []
-                for prompt in prompts:
-                    _, run = speculative_generate(
-                        module.target,
-                        module.drafter,
-                        torch.tensor([prompt]),
-                        max_new_tokens,
-                        mode=mode,
-                        k=k,
-                        temperature=temperature,
-                        generator=generator,
-                        **schedule,
-                    )
-                    runs.append(run)
-                stats = DecodeStats.merge(runs)
-                records = [asdict(PromptDecodeRecord.from_stats(run)) for run in runs if run.target_forwards > 0]
-            rows.append(
-                dict(
-                    mode=mode,
-                    threshold=threshold,
-                    tau=stats.tau,
-                    tokens_per_second=result["speculative_tokens_per_second"] if extra else stats.tokens_per_second,
-                    mean_verified=stats.mean_verified,
-                    accepted_rate_per_slot=stats.accepted_rate_per_slot,
-                    phase_ms_per_step=stats.phase_ms_per_step(),
-                    prompts_without_verify=len(prompts) - len(records),
-                    prompt_records=records,
-                    **extra,
-                )
-            )
+                if timed:
+                    row = _timed_row(module, prompts, mode, max_new_tokens, k, schedule, lambda: advance(2))
+                else:
+                    row = _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance)
+                rows.append(dict(mode=mode, threshold=threshold, **row))
     return rows
+
+
+def _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt) -> dict:
+    result = measure_speedup(
+        module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, on_prompt=on_prompt, **schedule
+    )
+    measured = ("speedup", "median_prompt_speedup", "baseline_tokens_per_second", "outputs_equal", "mismatches")
+    row = _stats_row(result["stats"], len(prompts), result["prompt_records"])
+    row["tokens_per_second"] = result["speculative_tokens_per_second"]
+    return row | {key: result[key] for key in (*measured, *NOISE_KEYS)}
+
+
+def _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    runs = []
+    for prompt in prompts:
+        _, run = speculative_generate(
+            module.target, module.drafter, torch.tensor([prompt]), max_new_tokens, mode=mode, k=k,
+            temperature=temperature, generator=generator, **schedule,
+        )  # fmt: skip
+        runs.append(run)
+        advance()
+    records = [asdict(PromptDecodeRecord.from_stats(run)) for run in runs if run.target_forwards > 0]
+    return _stats_row(DecodeStats.merge(runs), len(prompts), records)
+
+
+def _stats_row(stats: DecodeStats, num_prompts: int, records: list[dict]) -> dict:
+    return dict(
+        tau=stats.tau,
+        tokens_per_second=stats.tokens_per_second,
+        mean_verified=stats.mean_verified,
+        accepted_rate_per_slot=stats.accepted_rate_per_slot,
+        phase_ms_per_step=stats.phase_ms_per_step(),
+        prompts_without_verify=num_prompts - len(records),
+        prompt_records=records,
+    )
 
 
 def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
@@ -116,15 +136,11 @@ def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
 
 
 def print_verify_length_table(table, cost_model) -> None:
-    """``verify_length_table`` as a rich table."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """``verify_length_table`` as a rich table (80 columns; overhead = draft + bookkeeping ms per step)."""
     t0, t1 = cost_model
-    title = f"predicted tokens/s per verify length n (T(n) = {t0 * 1e3:.2f} + {t1 * 1e3:.3f} n ms)"
-    out = Table(title=title)
-    for column in ("mode", "draft+bookkeeping ms/step", "best n", "tokens/step at best n", "tokens/s by n"):
-        out.add_column(column, justify="left" if column in ("mode", "tokens/s by n") else "right")
+    out = compact_table(f"predicted tokens/s per verify length n (T(n) = {t0 * 1e3:.2f} + {t1 * 1e3:.3f} n ms)")
+    for column in ("mode", "overhead ms", "best n", "tokens/step", "tokens/s for n = 1, 2, ..."):
+        out.add_column(column, justify="left" if column in ("mode", "tokens/s for n = 1, 2, ...") else "right")
     for row in table:
         n = row["best_n"]
         out.add_row(
@@ -134,7 +150,7 @@ def print_verify_length_table(table, cost_model) -> None:
             f"{row['expected_tokens'][n - 1]:.2f}",
             " ".join(f"{v:.0f}" for v in row["tokens_per_second"]),
         )
-    Console().print(out)
+    table_console().print(out)
 
 
 def schedule_label(schedule) -> str:
@@ -146,43 +162,65 @@ def schedule_label(schedule) -> str:
     return f"{schedule:.2f}"
 
 
-def print_decode_table(rows, title: str) -> None:
-    """The decode rows as two rich tables (numbers, then ms per phase); a greedy mismatch with ``generate`` in red."""
+def table_console():
+    """Where the decode tables print: the terminal's width, at least 80 columns (each table fits in 80)."""
     from rich.console import Console
+
+    return Console(width=max(80, Console().width))
+
+
+def compact_table(title: str):
+    """A rich table without vertical rules or doubled padding: eight numeric columns fit 80 columns."""
+    from rich.box import SIMPLE_HEAD
     from rich.table import Table
 
-    table = Table(title=title)
+    return Table(title=title, box=SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+
+
+def print_decode_table(rows, title: str) -> None:
+    """The decode rows as three rich tables that fit 80 columns: the numbers, the accepted rate per slot, the ms per
+    phase (everything else is in ``decode --json``). A greedy mismatch with ``generate`` is printed in red, a noisy
+    wall clock (``measure_speedup``'s ``noisy``) marks its speedup with ``?`` and is explained below the tables."""
+    table = compact_table(title)
     with_baseline = any("speedup" in row for row in rows)
-    columns = ["mode", "threshold", "tau", "tokens/s"]
-    columns += ["generate tokens/s", "speedup", "= generate"] if with_baseline else []
-    columns += ["verified", "accepted rate per slot"]
+    columns = ["mode", "sched.", "tau", "tok/s"]
+    columns += ["gen. tok/s", "speedup", "= gen."] if with_baseline else []
+    columns += ["verified"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("mode", "accepted rate per slot") else "right")
-    phases = Table(title="where the time goes: ms per step")
-    for column in ("mode", "threshold", "draft backbone", "draft head", "verify", "bookkeeping"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    slots = compact_table("accepted rate per slot")
+    for column in ("mode", "sched.", "slot 0, 1, ..."):
+        slots.add_column(column, justify="right" if column == "sched." else "left")
+    phases = compact_table("where the time goes: ms per step")
+    for column in ("mode", "sched.", "backbone", "head", "verify", "bookkeeping"):
         phases.add_column(column, justify="left" if column == "mode" else "right")
-    mismatched = []
+    mismatched, noisy = [], []
     for row in rows:
         label = schedule_label(row["threshold"])
         cells = [row["mode"], label, f"{row['tau']:.3f}", f"{row['tokens_per_second']:.1f}"]
         if with_baseline:
             equal = row.get("outputs_equal", True)
-            cells += [f"{row['baseline_tokens_per_second']:.1f}", f"{row['speedup']:.2f}x"]
+            mark = "?" if row.get("noisy") else ""
+            cells += [f"{row['baseline_tokens_per_second']:.1f}", f"{row['speedup']:.2f}x{mark}"]
             cells.append("yes" if equal else "[bold red]NO[/]")
-            if not equal:
-                mismatched.append(row)
-        cells += [
-            f"{row['mean_verified']:.2f}",
-            " ".join("-" if math.isnan(v) else f"{v:.2f}" for v in row["accepted_rate_per_slot"]),
-        ]
-        table.add_row(*cells)
+            mismatched += [] if equal else [row]
+            noisy += [row] if row.get("noisy") else []
+        table.add_row(*cells, f"{row['mean_verified']:.2f}")
+        rates = " ".join("-" if math.isnan(v) else f"{v:.2f}" for v in row["accepted_rate_per_slot"])
+        slots.add_row(row["mode"], label, rates)
         ms = row["phase_ms_per_step"]
         phases.add_row(
             row["mode"], label, *(f"{ms[p]:.2f}" for p in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
         )
-    console = Console()
-    console.print(table)
-    console.print(phases)
+    console = table_console()
+    for out in (table, slots, phases):
+        console.print(out)
+    for row in noisy:
+        console.print(
+            f"[yellow]? {row['mode']} / {schedule_label(row['threshold'])}: generate's tokens/s spread "
+            f"{row['baseline_relative_spread']:.0%} across prompts (IQR / median, over 25%): too noisy to trust; "
+            f"load average {row['load_average']}[/]"
+        )
     for row in mismatched:
         console.print(
             f"[bold red]MISMATCH: {row['mode']} / {schedule_label(row['threshold'])} differs from the target's greedy "

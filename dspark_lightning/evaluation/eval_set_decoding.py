@@ -10,7 +10,7 @@ from __future__ import annotations
 from dspark_lightning.data.eval_sets import load_eval_set, prompt_token_ids
 from dspark_lightning.data.splits import IdSplit
 from dspark_lightning.decoding.eval_report import summarize_eval_set
-from dspark_lightning.evaluation.decode_tables import decode_table, schedule_label
+from dspark_lightning.evaluation.decode_tables import decode_plan, decode_table, schedule_label
 
 DEFAULT_MAX_NEW_TOKENS = 128  # at least 128 new tokens: 64 leaves too few verify steps per prompt to steer by
 
@@ -54,15 +54,11 @@ def measure_eval_sets(
     for name in names:
         prompts = eval_set_prompts(data, name, limit, heldout_files, heldout_split)
         timed = baseline and temperature == 0
-        runs = len(prompts) * len(modes) * len(schedules) * (2 if timed else 1)
-        print(
-            f"eval set {name}: {len(prompts)} prompts x {len(modes)} modes x {len(schedules)} schedules x "
-            f"{max_new_tokens} new tokens, baseline {'on' if timed else 'off'}: {runs} timed runs",
-            flush=True,
-        )
+        _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed)
+        print(f"eval set {name}: {plan}", flush=True)
         for row in decode_table(
             module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
-            packed_verify=packed_verify,
+            packed_verify=packed_verify, progress=f"eval set {name}",
         ):  # fmt: skip
             rows.append(row | summarize_eval_set(name, row["prompt_records"]) | {"max_new_tokens": max_new_tokens})
     return rows

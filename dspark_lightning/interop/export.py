@@ -65,6 +65,22 @@ def exported_tensors(
     }
 
 
+def umask() -> int:
+    """The process's file-creation mask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def ordinary_modes(*paths: Path) -> None:
+    """Give ``paths`` the modes a plain ``mkdir`` / ``open`` would (0755 / 0644 under the usual umask 022):
+    ``tempfile.mkdtemp`` makes 0700 and safetensors writes 0600, which would leave an export that only its writer
+    can read (a serving engine running as another user could not)."""
+    mask = umask()
+    for path in paths:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def export_drafter(
     drafter: DSparkDrafter,
     output_dir: str | os.PathLike,
@@ -84,6 +100,7 @@ def export_drafter(
     config = build_config(drafter, dtype=dtype, candidate_selector=candidate_selector, **config_options)
     save_file(tensors, str(output / WEIGHTS_NAME), metadata={"format": "pt"})
     (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    ordinary_modes(output / WEIGHTS_NAME, output / CONFIG_NAME)
     return output
 
 
@@ -107,8 +124,8 @@ def export_checkpoint(
 ) -> Path:
     """Export the drafter of a Lightning checkpoint.
 
-    The verifier defaults to the checkpoint's ``target`` (a local directory is recorded as an absolute path; pass a
-    hub id for a portable export). A non-empty ``output_dir`` is refused unless ``overwrite``; then the export is
+    The verifier defaults to the checkpoint's ``target``, recorded portably (``speculators_format.verifier_record``:
+    a hub id as such; a local directory by name and config hash, its path kept apart for reloading here). A non-empty ``output_dir`` is refused unless ``overwrite``; then the export is
     written next to it and swapped in, so no file of the old export survives.
     """
     output = Path(output_dir)
@@ -116,10 +133,9 @@ def export_checkpoint(
         raise FileExistsError(f"--output {str(output)!r} exists and is not empty: pass --overwrite true to replace it")
     module = load_checkpoint_module(ckpt_path, target)
     target_path = module.target_args.path
-    if verifier_name_or_path is None and Path(target_path).is_dir():
-        verifier_name_or_path = str(Path(target_path).resolve())
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    ordinary_modes(staging)  # it becomes the export directory
     try:
         export_drafter(
             module.drafter,
@@ -158,7 +174,8 @@ def export_command(
         ckpt_path: Lightning checkpoint (e.g. last.ckpt)
         output: output directory
         dtype: tensor dtype
-        verifier: verifier hub id or path to record (default: the target)
+        verifier: verifier hub id or path to record (default: the target; a local directory is recorded by name
+            and config hash, its path kept for reloading on this machine)
         candidate_selector: write a DFlash-2 form head in the CandidateSelector layout (predecessor/successor
             codebooks)
         selector_top_k: candidates of the CandidateSelector (default: candidate_k)

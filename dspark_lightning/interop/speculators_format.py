@@ -14,7 +14,7 @@ vLLM ``transformers_utils/configs/speculators/algos.py`` and ``models/qwen3_dfla
     rnn), ``enable_confidence_head``, ``confidence_head_with_markov``, ``target_hidden_size``, and
     ``speculators_config = {algorithm: "dspark", proposal_methods: [{proposal_type: "greedy", speculative_tokens,
     verifier_accept_k: 1, accept_tolerance: 0.0}], default_proposal_method: "greedy", verifier: {name_or_path,
-    architectures}}`` with ``speculative_tokens`` = block_size (sample_from_anchor) else block_size - 1.
+    architectures, [config_sha256, local_path]}}`` with ``speculative_tokens`` = block_size (sample_from_anchor) else block_size - 1.
 ``model.safetensors`` (metadata ``{"format": "pt"}``)
     ``fc.weight`` [H, n*H], ``hidden_norm.weight``, ``norm.weight``, ``layers.{i}.{input_layernorm,
     post_attention_layernorm}.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.
@@ -38,6 +38,10 @@ Decisions where the public format is silent or cannot express what we train:
   ``selector_rank``, ``selector_top_k`` and ``markov_rank: 0`` in the config, so a DSpark loader that does not know
   the selector runs the backbone alone rather than an uninitialised Markov head.
 - ``confidence_temperature`` (per-slot calibration) goes to the config as a list when it is not all ones.
+- The verifier is recorded portably (``verifier_record``): a hub id as given; a local target directory by a name
+  (the hub id of a Hugging Face cache snapshot, else the directory's name) plus ``config_sha256`` (of its
+  ``config.json``), with the absolute directory in ``local_path`` only to reload the export on this machine
+  (speculators' ``VerifierConfig`` ignores fields it does not know). ``recorded_verifier`` reads it back.
 - Tensors are written in bf16 or fp32; ``d2t``/``t2d`` keep int64/bool. Only safetensors, never pickles.
 - Checkpoints are read with ``torch.load(weights_only=True)`` (the module stores its configs as plain dicts).
 - ``load_exported`` builds our ``DSparkDrafter`` from any directory in this format: offsets d2t are turned into
@@ -51,7 +55,9 @@ Decisions where the public format is silent or cannot express what we train:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -69,6 +75,51 @@ SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators release whose save_pretr
 DRAFT_ROW_TENSORS = {"lm_head", "markov_head.markov_w2", SELECTOR_PREFIX + "successor_codebook"}  # [Vd, ...]
 # tensors of the format that belong to the verifier and are ignored when present
 VERIFIER_KEYS = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
+
+
+HUB_CACHE_DIR = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)")  # huggingface_hub's cache layout
+
+
+def config_digest(directory: Path) -> str | None:
+    """sha256 of ``directory/config.json`` (None without one): what names a local verifier across machines."""
+    config = Path(directory) / CONFIG_NAME
+    return hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+
+
+def verifier_record(name_or_path: str) -> dict:
+    """The export's ``verifier`` fields naming ``name_or_path``, portably (see the module docstring): a hub id (or
+    anything that is not a local directory) as given; a local directory as ``name_or_path`` = its hub id when it is a
+    Hugging Face cache snapshot, else its directory name, with ``config_sha256`` and ``local_path``."""
+    path = Path(name_or_path)
+    if not path.is_dir():
+        return {"name_or_path": str(name_or_path)}
+    resolved = path.resolve()
+    hub = next((m for p in (resolved, *resolved.parents) if (m := HUB_CACHE_DIR.fullmatch(p.name))), None)
+    record = {"name_or_path": f"{hub['owner']}/{hub['name']}" if hub else resolved.name}
+    digest = config_digest(resolved)
+    return record | ({"config_sha256": digest} if digest else {}) | {"local_path": str(resolved)}
+
+
+def recorded_verifier(config: dict) -> str:
+    """Where to load an export's verifier from: its ``local_path`` when that directory is here (a changed
+    ``config.json`` is refused), else ``name_or_path`` (a hub id, or a path written by another exporter)."""
+    verifier = config.get("speculators_config", {}).get("verifier", {})
+    name, local, digest = verifier.get("name_or_path"), verifier.get("local_path"), verifier.get("config_sha256")
+    if local and Path(local).is_dir():
+        if digest and config_digest(Path(local)) != digest:
+            raise ValueError(
+                f"the export's verifier {local} has another config.json than when it was exported (sha256 "
+                f"{digest[:12]}...): pass target= (the verifier it was trained on)"
+            )
+        return local
+    if name is None:
+        raise ValueError("the export names no verifier: pass target= (a FrozenTarget, model or path)")
+    if digest and not Path(name).is_dir():
+        raise ValueError(
+            f"the export's verifier is the local model {name!r} (config.json sha256 {digest[:12]}...), which is not "
+            f"on this machine{f' at {local}' if local else ''}: pass target= (its directory, a model or a hub id)"
+        )
+    return name
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -112,7 +163,7 @@ def build_config(
 ) -> dict:
     """The ``config.json`` of the export (see the module docstring for every field).
 
-    ``verifier_name_or_path`` is recorded as the verifier (hub id or path); ``target_config`` (a dict or
+    ``verifier_name_or_path`` is recorded as the verifier (hub id or path, ``verifier_record``); ``target_config`` (a dict or
     ``PretrainedConfig``, default: read from ``verifier_name_or_path/config.json`` when it is local) supplies the
     verifier architectures, max positions and special token ids; ``target_layer_ids`` is needed only when the
     drafter's config does not name its target layers (``DSparkDrafter.for_target`` leaves them to the target).
@@ -146,7 +197,8 @@ def build_config(
     dtype_name = str(_dtype(dtype)).removeprefix("torch.")
     block = cfg.block_size
     proposal = {"proposal_type": "greedy", "speculative_tokens": block if cfg.sample_from_anchor else block - 1}
-    verifier = {"name_or_path": str(verifier_name_or_path), "architectures": target.get("architectures", [])}
+    recorded = verifier_record(str(verifier_name_or_path))
+    verifier = {"name_or_path": recorded["name_or_path"], "architectures": target.get("architectures", [])} | recorded
     # fmt: off
     config = {
         "architectures": ["DSparkDraftModel"], "speculators_model_type": "dspark",

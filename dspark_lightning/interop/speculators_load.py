@@ -24,6 +24,7 @@ from dspark_lightning.interop.speculators_format import (
     _format_key,
     drafter_configs,
     markov_head_config,
+    recorded_verifier,
 )
 from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 from dspark_lightning.selector.convert import read_candidate_selector
@@ -50,9 +51,7 @@ def _resolve_target(target, config: dict, layer_ids: list[int], trust_remote_cod
     if isinstance(target, torch.nn.Module):
         return FrozenTarget(target, layer_ids)
     if target is None:
-        target = config.get("speculators_config", {}).get("verifier", {}).get("name_or_path")
-        if target is None:
-            raise ValueError("the export names no verifier: pass target= (a FrozenTarget, model or path)")
+        target = recorded_verifier(config)
     return FrozenTarget.from_pretrained(str(target), layer_ids, trust_remote_code=trust_remote_code)
 
 
@@ -67,7 +66,8 @@ def load_exported(
 
     Args:
         path: the export directory (``config.json`` + ``model.safetensors``).
-        target: a ``FrozenTarget``, a Hugging Face causal LM, a path / hub id, or None for the recorded verifier.
+        target: a ``FrozenTarget``, a Hugging Face causal LM, a path / hub id, or None for the recorded verifier
+            (``recorded_verifier``: its local directory when it is on this machine, else its hub id).
             Its embedding and LM head are shared with the drafter (never copied). The drafter is float32; for bf16
             inference load the target in bf16 and cast the drafter with ``.to(torch.bfloat16)``.
         return_target: also return the ``FrozenTarget`` (with the export's target layer ids) that feeds the drafter.

@@ -1,8 +1,10 @@
 """Callbacks that turn validation metrics into charts and tables.
 
 The LightningModule computes and logs the scalar metrics itself (``val/tau``, ``val/accept_rate/slot_3`` ...) and
-keeps the last computed values on ``pl_module.last_validation``; these callbacks only *draw* from that, in
+keeps the last computed values on ``pl_module.last_validation``; the chart callbacks only *draw* from that, in
 ``on_validation_end`` (which runs after the module's epoch-end hook, unlike the callbacks' own epoch-end hook).
+Callbacks that log must do it in ``on_validation_epoch_end``, before the module's hook: they read this validation's
+numbers from the metric itself (``this_validation_tau``), and check for SIGTERM between units of work.
 
 Images go to W&B when a ``WandbLogger`` is attached, and are always saved as PNG under ``<log_dir>/plots`` so a
 run directory is self-contained (the analysis notebooks read them from there).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +24,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from dspark_lightning import plotting
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.identity import record_decode, teacher_forced_blocks
+from dspark_lightning.progress import stop_requested
 from dspark_lightning.selector import equivalence_report
 
 log = logging.getLogger(__name__)
@@ -74,7 +78,7 @@ class AcceptanceCurves(L.Callback):
 
 
 class CalibrationDiagram(L.Callback):
-    """Reliability diagram of the confidence head's prefix survival, with its ECE in the title."""
+    """Reliability diagram of the confidence head's prefix survival, with its prefix ECE in the title."""
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         values = getattr(pl_module, "last_validation", {})
@@ -84,13 +88,24 @@ class CalibrationDiagram(L.Callback):
             values["confidence/reliability_confidence"],
             values["confidence/reliability_observed"],
             values["confidence/reliability_count"],
-            title=f"prefix survival calibration (ECE {float(values['confidence/prefix_ece']):.3f})",
+            title=f"prefix survival calibration (prefix ECE {float(values['confidence/prefix_ece']):.3f})",
         )
         publish_figure(trainer, fig, "val/confidence_reliability")
 
 
 class ValidationSummary(L.Callback):
-    """A rich table of the last validation metrics when ``fit`` ends."""
+    """A rich table of the last validation metrics when ``fit`` ends, with the measured decoding tau of each mode
+    when ``SpeculativeDecodingCallback`` logged one. The two calibration errors are named apart: ``slot_ece``
+    (each slot's confidence c_k against its acceptance) and ``prefix_ece`` (the prefix survival, what schedules
+    verification and what ``calibrate`` and the reliability diagram report)."""
+
+    ROWS = {
+        "acceptance/tau": "tau (teacher-forced)",
+        "acceptance/greedy_tau": "greedy_tau (teacher-forced)",
+        "acceptance/accept_rate": "accept_rate",
+        "confidence/slot_ece": "slot_ece (c_k vs alpha_k)",
+        "confidence/prefix_ece": "prefix_ece (prefix survival)",
+    }
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         values = getattr(pl_module, "last_validation", {})
@@ -102,16 +117,20 @@ class ValidationSummary(L.Callback):
         table = Table(title=f"validation after {trainer.global_step} steps")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        for key in ("acceptance/tau", "acceptance/greedy_tau", "acceptance/accept_rate", "confidence/ece"):
+        for key, name in self.ROWS.items():
             if key in values:
-                table.add_row(key.split("/", 1)[1], f"{float(values[key]):.4f}")
+                table.add_row(name, f"{float(values[key]):.4f}")
+        for key, value in sorted(trainer.callback_metrics.items()):
+            mode = re.fullmatch(r"val/decode/(\w+)/tau", key)
+            if mode:
+                table.add_row(f"tau measured ({mode[1]} decoding)", f"{float(value):.4f}")
         per_slot = {
             "accept_rate": values.get("acceptance/accept_rate_per_slot"),
             "greedy_acc": values.get("acceptance/greedy_acc_per_slot"),
         }
         for name, tensor in per_slot.items():
             if isinstance(tensor, torch.Tensor):
-                cells = " ".join("  -  " if math.isnan(v) else f"{v:.3f}" for v in tensor.tolist())
+                cells = " ".join("  - " if math.isnan(v) else f"{v:.2f}" for v in tensor.tolist())  # 80 columns
                 table.add_row(f"{name} per slot", cells)
         Console().print(table)
 
@@ -173,9 +192,13 @@ class SelectorEquivalenceCallback(L.Callback):
             return
         base, hidden, first_prev, teacher, valid = (torch.cat(parts) for parts in zip(*self._buffers))
         self._buffers = []
+        # on SIGTERM, stop between the walks (one per k) and log what is done; with several processes every rank must
+        # log the same keys (they are synced), and SIGTERM may reach them at different walks, so there it runs whole
+        alone = trainer.world_size == 1
         report = equivalence_report(
-            base, pl_module.drafter.markov_head, first_prev, hidden, teacher, self.ks, valid, pl_module.drafter.d2t
-        )
+            base, pl_module.drafter.markov_head, first_prev, hidden, teacher, self.ks, valid, pl_module.drafter.d2t,
+            stop=(lambda: stop_requested(trainer)) if alone else None,
+        )  # fmt: skip
         values = report.to_flat_dict(prefix="val/selector/")
         pl_module.log_dict({k: float(v) for k, v in values.items()}, sync_dist=True)
         pl_module.last_selector_report = report
@@ -198,11 +221,14 @@ class SpeculativeDecodingCallback(L.Callback):
     """At validation end, real speculative decoding on a few eval prompts with the target: the train/serve gap.
 
     Logs ``val/decode/<mode>/tau`` (measured tokens per target forward, greedy) next to the teacher-forced
-    ``val/tau``, and ``val/decode/<mode>/gap`` = teacher-forced tau - measured tau. On-policy:
+    ``val/tau``, and ``val/decode/<mode>/gap`` = teacher-forced tau - measured tau, both of the same validation
+    (``this_validation_tau``). On-policy:
     ``val/decode/<mode>/on_policy_greedy_tau`` is the training metric (greedy tau) on the target's own replies to the
     same prompts with a block at every reply position, and ``on_policy_gap`` = it - measured tau, what decoding's
     anchor placement costs (``decoding.gap``). Prompts come from the data
-    module's ``eval_prompts()``. Runs on global rank 0 only (the numbers are logged without sync).
+    module's ``eval_prompts()``. Runs on global rank 0 only (the numbers are logged without sync). It prints one
+    line when it starts, and a SIGTERM (``trainer.received_sigterm``) stops it before the next prompt, so a run
+    under ``timeout`` ends within seconds instead of after the whole decode.
     """
 
     def __init__(
@@ -215,36 +241,66 @@ class SpeculativeDecodingCallback(L.Callback):
         self.modes, self.num_prompts, self.max_new_tokens, self.k = list(modes), num_prompts, max_new_tokens, k
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero or trainer.datamodule is None:
+        if trainer.sanity_checking or trainer.datamodule is None:
             return
         if parameters_sharded(trainer) or not hasattr(pl_module.target, "model"):
             # FSDP (sharded target), or cache mode (model.target.features=cache): no target decoder to verify drafts with
             return
+        teacher_tau = this_validation_tau(pl_module)  # on every rank: computing the metric syncs it across ranks
+        if not trainer.is_global_zero:
+            return
         prompts = trainer.datamodule.eval_prompts()[: self.num_prompts]
-        head = pl_module.drafter.markov_head
-        teacher_tau = pl_module.last_validation.get("acceptance/tau")
-        target, drafter = pl_module.target, pl_module.drafter
-        for mode in self.modes:
-            if mode not in supported_modes(head):
-                continue
-            emitted = forwards = on_policy = blocks = 0
-            for prompt in prompts:
-                record = record_decode(target, drafter, prompt, self.max_new_tokens, mode, self.k, check_lossless=False)
-                emitted += sum(a + 1 for a in record.accepted)
-                forwards += len(record.accepted)
-                # the training metric on the target's own reply, a block at every reply position (teacher-forced)
-                L = record.prompt_length
-                replay = teacher_forced_blocks(
-                    target, drafter, record.text, list(range(L, len(record.output))), L, mode, self.k, "teacher"
-                )
-                on_policy += sum(a + 1 for a in replay.metric_accepted)
-                blocks += len(replay.metric_accepted)
-            tau = emitted / max(1, forwards)
+        modes = [mode for mode in self.modes if mode in supported_modes(pl_module.drafter.markov_head)]
+        print(
+            f"SpeculativeDecodingCallback: decoding {len(prompts)} prompts x {len(modes)} modes, up to "
+            f"{self.max_new_tokens} new tokens each, at step {trainer.global_step} (SIGTERM stops it between prompts)",
+            flush=True,
+        )
+        for mode in modes:
+            measured = self._decode(trainer, pl_module, prompts, mode)
+            if measured is None:
+                print("SpeculativeDecodingCallback: stopped on SIGTERM, the rest of this decode is skipped", flush=True)
+                return
+            tau, on_policy_tau = measured
             pl_module.log(f"val/decode/{mode}/tau", tau, rank_zero_only=True)
-            if blocks:
-                on_policy_tau = on_policy / blocks
+            if on_policy_tau is not None:
                 pl_module.log(f"val/decode/{mode}/on_policy_greedy_tau", on_policy_tau, rank_zero_only=True)
                 # what decoding's anchor placement costs (reports/demo/gap.md, step (c) -> (d))
                 pl_module.log(f"val/decode/{mode}/on_policy_gap", on_policy_tau - tau, rank_zero_only=True)
             if teacher_tau is not None and mode in ("markov", "parallel"):
-                pl_module.log(f"val/decode/{mode}/gap", float(teacher_tau) - tau, rank_zero_only=True)
+                pl_module.log(f"val/decode/{mode}/gap", teacher_tau - tau, rank_zero_only=True)
+
+    def _decode(self, trainer, pl_module, prompts, mode) -> tuple[float, float | None] | None:
+        """(measured tau, on-policy greedy tau or None) of ``mode`` over ``prompts``; None when a stop was requested
+        (checked before each decode and each replay: a prompt's work is the unit, a few seconds at most)."""
+        target, drafter = pl_module.target, pl_module.drafter
+        emitted = forwards = on_policy = blocks = 0
+        for prompt in prompts:
+            if stop_requested(trainer):
+                return None
+            record = record_decode(target, drafter, prompt, self.max_new_tokens, mode, self.k, check_lossless=False)
+            emitted += sum(a + 1 for a in record.accepted)
+            forwards += len(record.accepted)
+            if stop_requested(trainer):
+                return None
+            # the training metric on the target's own reply, a block at every reply position (teacher-forced)
+            L = record.prompt_length
+            replay = teacher_forced_blocks(
+                target, drafter, record.text, list(range(L, len(record.output))), L, mode, self.k, "teacher"
+            )
+            on_policy += sum(a + 1 for a in replay.metric_accepted)
+            blocks += len(replay.metric_accepted)
+        return emitted / max(1, forwards), (on_policy / blocks if blocks else None)
+
+
+def this_validation_tau(pl_module) -> float | None:
+    """The teacher-forced tau (``val/tau``) of the validation that is ending, read from the module's metric.
+
+    Lightning runs the callbacks' ``on_validation_epoch_end`` before the module's, so ``pl_module.last_validation``
+    still holds the previous validation's numbers here. Computing the metric now gives this validation's value, and
+    the module's own ``compute()`` right after returns the same cached result (no second sync). None before any
+    validation batch."""
+    metric = getattr(pl_module, "val_acceptance", None)
+    if metric is None or not metric.update_count:
+        return None
+    return float(metric.compute()["tau"])

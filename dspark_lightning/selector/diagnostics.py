@@ -4,6 +4,7 @@ against the teacher."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -107,6 +108,7 @@ def equivalence_report(
     ks: tuple[int, ...] | list[int] = (1, 4, 16, 64),
     valid_mask: torch.Tensor | None = None,
     d2t: torch.Tensor | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> EquivalenceReport:
     """Measure how close the top-k Selector walk is to the sequential Markov decode (both greedy).
 
@@ -114,6 +116,7 @@ def equivalence_report(
     ``torch.no_grad``. ``valid_mask`` [N, B] (default all valid) restricts every statistic to valid slots; a
     prefix stops at the first invalid slot. With ``teacher_logprobs`` ([N, B, Vd] or [N, B, V]) it adds tau and
     greedy_tau of both decodes (see ``teacher_acceptance``). Raises for the rnn head (no walk exists for it).
+    ``stop()`` is checked before each walk: once it is true the report ends there, ``ks`` holding the k measured.
     """
     if head is not None and head.is_path_dependent:
         raise ValueError("equivalence_report needs a Selector walk, which the path-dependent rnn head does not have")
@@ -145,7 +148,10 @@ def equivalence_report(
             report.tau_sequential, report.greedy_tau_sequential = teacher_acceptance(
                 sequential, teacher_logprobs, valid, d2t
             )
-        for k in report.ks:
+        for index, k in enumerate(report.ks):
+            if stop is not None and stop():
+                report.ks = report.ks[:index]
+                break
             walk, time_walk = _timed(lambda k=k: selector_walk(base_logits, head, first_prev, hidden, k, d2t=d2t))
             covered = (walk.candidates == sequential[..., None]).any(dim=-1) & valid
             agree = (walk.tokens == sequential) & valid

@@ -149,7 +149,7 @@ def markdown_report(rows: list[dict], budget: Budget, plots: list[str], command:
         "One seed and a short budget: differences of a few hundredths are noise.",
         "",
         f"| head | B | teacher-forced tau | TF greedy tau | measured tau | measured Selector tau (k={k}) "
-        f"| agreement@{k} | coverage@{k} | prefix ECE raw | ECE calibrated | fit s |",
+        f"| agreement@{k} | coverage@{k} | prefix ECE raw | prefix ECE calibrated | fit s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -228,7 +228,7 @@ def run_report(
                 f"[{index}/{len(variants)}] {head:8s} B={block:<3d} fit {row['fit_seconds']:.0f}s "
                 f"eval {row['eval_seconds']:.0f}s | teacher-forced tau {row['teacher_tau']:.3f} | measured tau "
                 f"{row['measured_tau']:.3f} | agreement@{budget.k} {format_number(row['agreement_at_k'])} "
-                f"| ECE {format_number(row['ece_before'], 4)} -> {format_number(row['ece_after'], 4)}",
+                f"| prefix ECE {format_number(row['ece_before'], 4)} -> {format_number(row['ece_after'], 4)}",
                 flush=True,
             )
             if not keep:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def trained_checkpoint(tmp_path_factory) -> Path:
     return run_dir / "run" / "version_0" / "checkpoints" / "last.ckpt"
 
 
-def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
+def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, capsys):
     out = tmp_path / "decode.json"
     rows = cli_main(
         [
@@ -79,6 +80,18 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path):
     for mode in ("parallel", "markov", "selector"):
         best = by_mode[(mode, None)]["verify_length"]
         assert 1 <= best["best_n"] <= 8 and len(best["tokens_per_second"]) == len(best["expected_tokens"])
+    # every row says how far its wall clock can be trusted (the JSON keeps what the tables leave out)
+    assert all({"prompt_speedup_iqr", "baseline_tokens_per_second_iqr", "noisy"} <= row.keys() for row in rows)
+    # the plan first (3 modes x 3 schedules x 3 prompts, baseline and speculative timed), then progress over the runs
+    printed = capsys.readouterr()
+    plan = "decode: 3 modes x 3 schedules x 3 prompts x 32 new tokens, baseline on: 54 timed runs"
+    assert plan in printed.out and printed.out.index(plan) < printed.out.index("speculative decoding, 3 prompts")
+    assert "54/54" in printed.err and "ETA" in printed.err
+    # the tables fit 80 columns: every (mode, schedule) row on one line, with all its cells
+    lines = printed.out[printed.out.index(plan) + len(plan) :].splitlines()
+    assert max(map(len, lines)) <= 80
+    row_lines = [line for line in lines if re.match(r" ?(parallel|markov|selector) +(-|0\.30|cost model) +\d", line)]
+    assert len(row_lines) == 9 * 3  # numbers, accepted rate per slot, ms per phase
 
 
 def test_decode_check_identity_on_a_trained_checkpoint(trained_checkpoint, tmp_path):
@@ -111,7 +124,7 @@ def test_calibrate_command_stores_temperatures(trained_checkpoint, tmp_path):
     assert not torch.allclose(stored, torch.ones_like(stored))
 
 
-def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_checkpoint, tmp_path):
+def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_checkpoint, tmp_path, capsys):
     out = tmp_path / "eval_sets.json"
     cli_main(
         [
@@ -125,6 +138,11 @@ def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_chec
         ]
     )
     rows = json.loads(out.read_text())
+    printed = capsys.readouterr()  # the same plan wording as decode's, one per set, and a progress bar each
+    assert "eval set humaneval: 2 modes x 1 schedules x 3 prompts x 16 new tokens, baseline on: 12 timed runs" in (
+        printed.out
+    )
+    assert printed.err.count("12/12") == 2
     assert [(row["eval_set"], row["mode"]) for row in rows] == [
         ("sharegpt_heldout", "parallel"),
         ("sharegpt_heldout", "markov"),

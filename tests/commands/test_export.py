@@ -8,7 +8,10 @@ load) runs on a tiny target that carries the demo tokenizer.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -116,7 +119,12 @@ def test_config_json_has_every_field(tmp_path, target, verifier_dir):
     assert config["speculators_config"] == {
         "algorithm": "dspark",
         "default_proposal_method": "greedy",
-        "verifier": {"name_or_path": str(verifier_dir), "architectures": ["Qwen3ForCausalLM"]},
+        "verifier": {  # a local verifier: its name and config hash travel, its path is for reloading here
+            "name_or_path": verifier_dir.name,
+            "architectures": ["Qwen3ForCausalLM"],
+            "config_sha256": hashlib.sha256((verifier_dir / "config.json").read_bytes()).hexdigest(),
+            "local_path": str(verifier_dir.resolve()),
+        },
         "proposal_methods": [
             {"proposal_type": "greedy", "speculative_tokens": B, "verifier_accept_k": 1, "accept_tolerance": 0.0}
         ],
@@ -266,7 +274,8 @@ def test_lightning_checkpoint_exports_through_the_cli(tmp_path):
     )
     out = cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"), "--dtype", "float32"])
     config = json.loads((out / "config.json").read_text())
-    assert config["speculators_config"]["verifier"]["name_or_path"] == str(target_dir.resolve())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == target_dir.name
+    assert config["speculators_config"]["verifier"]["local_path"] == str(target_dir.resolve())
     assert config["markov_head_type"] == "gated" and config["block_size"] == B
     loaded, loaded_target = load_exported(out, return_target=True)
     assert loaded_target.target_layer_ids == module.target.target_layer_ids
@@ -294,3 +303,51 @@ def test_lightning_checkpoint_exports_through_the_cli(tmp_path):
     torch.save(checkpoint, tmp_path / "bad.ckpt")
     with pytest.raises(ValueError, match="class_path"):
         export_checkpoint(tmp_path / "bad.ckpt", tmp_path / "bad")
+
+
+def test_an_export_is_portable_readable_by_others_and_still_loads_when_copied(tmp_path):
+    """Ordinary modes (umask, not 0600/0700), the verifier named portably, and a copy elsewhere that still loads."""
+    target_dir = make_target_dir(tmp_path / "target")
+    ckpt, _ = train_and_checkpoint(tmp_path, target_dir)
+    previous = os.umask(0o022)
+    try:
+        out = cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"), "--dtype", "float32"])
+    finally:
+        os.umask(previous)
+    assert (out.stat().st_mode & 0o777) == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        "config.json": 0o644,
+        "model.safetensors": 0o644,
+    }
+    verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+    digest = hashlib.sha256((target_dir / "config.json").read_bytes()).hexdigest()
+    assert verifier == {
+        "name_or_path": "target",  # no path of this machine in what travels
+        "architectures": ["Qwen3ForCausalLM"],
+        "config_sha256": digest,
+        "local_path": str(target_dir.resolve()),
+    }
+    copy = shutil.copytree(out, tmp_path / "elsewhere" / "drafter")
+    drafter, loaded_target = load_exported(copy, return_target=True)  # the verifier comes from local_path
+    assert drafter.draft_vocab_size == 2048 and loaded_target.vocab_size == 2048
+
+    # on a machine without that directory the export names what it needs instead of trying the hub for "target"
+    config = json.loads((copy / "config.json").read_text())
+    config["speculators_config"]["verifier"]["local_path"] = str(tmp_path / "not-here")
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"local model 'target' \(config.json sha256 " + digest[:12]):
+        load_exported(copy)
+    assert load_exported(copy, str(target_dir)).draft_vocab_size == 2048  # given the target, it loads
+    (target_dir / "config.json").write_text((target_dir / "config.json").read_text().replace("}", ', "x": 1}', 1))
+    with pytest.raises(ValueError, match="another config.json than when it was exported"):
+        load_exported(out)
+
+
+def test_a_hub_cache_snapshot_is_recorded_by_its_hub_id(tmp_path):
+    from dspark_lightning.interop.speculators_format import verifier_record
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert verifier_record(str(snapshot))["name_or_path"] == "Qwen/Qwen3-0.6B"
+    assert verifier_record("Qwen/Qwen3-0.6B") == {"name_or_path": "Qwen/Qwen3-0.6B"}  # a hub id as given

@@ -53,7 +53,8 @@ torch.set_num_threads(1)
 results = {}
 for job in json.load(open(sys.argv[1])):
     try:
-        model = DSparkDraftModel.from_pretrained(job["dir"]).float().eval()
+        # a local verifier is recorded by name (portable exports): speculators is given its directory, as vLLM is
+        model = DSparkDraftModel.from_pretrained(job["dir"], verifier=job["verifier"]).float().eval()
     except Exception as error:
         results[job["name"]] = f"{type(error).__name__}: {error}"
         continue
@@ -130,7 +131,8 @@ def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, ver
                 ours["confidence"] = drafter.confidence_logits(hidden, prev)
         expected[name] = ours
         jobs.append(
-            dict(name=name, dir=str(out_dir), inputs=str(tmp_path / "inputs.safetensors"), outputs=str(out_dir / "o"))
+            dict(name=name, dir=str(out_dir), verifier=str(verifier_dir), outputs=str(out_dir / "o"))
+            | {"inputs": str(tmp_path / "inputs.safetensors")}
         )
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     (tmp_path / "run.py").write_text(SCRIPT)

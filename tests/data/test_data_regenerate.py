@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -133,3 +135,42 @@ def test_limit_counts_records_written_not_conversations_tried(tmp_path, target):
     # r0, r3, r6 are dropped; the limit is met from the next conversations, in source order, and never overshot
     assert written == ["r1", "r2", "r4", "r5", "r7"] and summary["records_after"] == 5
     assert summary["dropped_no_regenerated_turn"] == 3
+
+
+class SignalledAfterFirstGenerate:
+    """The target, but its first ``generate`` call ends with a real SIGTERM to this process (as ``timeout`` sends)."""
+
+    def __init__(self, model):
+        self.model, self.generation_config, self.calls = model, model.generation_config, 0
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def generate(self, **kwargs):
+        output = self.model.generate(**kwargs)
+        self.calls += 1
+        if self.calls == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return output
+
+
+def test_sigterm_stops_between_batches_with_a_progress_bar_and_a_rerun_finishes_the_job(tmp_path, target, capsys):
+    model, tokenizer = target
+    data = tmp_path / "in.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in CONVERSATIONS) + "\n")
+    kwargs = dict(max_new_tokens=8, batch_size=2, shard_size=10, tokenizer=tokenizer)
+    handler = signal.getsignal(signal.SIGTERM)
+
+    stopped = regenerate(
+        str(DEMO_TARGET), str(data), tmp_path / "out", model=SignalledAfterFirstGenerate(model), **kwargs
+    )
+    # the batch being generated when the signal came is finished and written whole; the next one never starts
+    assert stopped["stopped"].startswith("SIGTERM") and stopped["written"] == stopped["records_after"] == 2
+    assert signal.getsignal(signal.SIGTERM) is handler  # the command's handler is gone again
+    err = capsys.readouterr().err
+    assert "regenerate: SIGTERM received" in err and "2/3 conversations" in err  # 3 valid conversations to do
+
+    resumed = regenerate(str(DEMO_TARGET), str(data), tmp_path / "out", model=model, **kwargs)
+    assert "stopped" not in resumed and resumed["written"] == 1 and resumed["skipped_already_done"] == 2
+    uninterrupted = regenerate(str(DEMO_TARGET), str(data), tmp_path / "whole", model=model, **kwargs)
+    assert read_records(tmp_path / "out") == read_records(tmp_path / "whole") and uninterrupted["written"] == 3

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 import torch
 import yaml
 from helpers.paths import ROOT
+from helpers.readme import readme_commands
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dspark_lightning.cli import TOOL_COMMANDS, cli_main, command_parser
@@ -187,33 +187,6 @@ def test_every_head_config_trains(head, tmp_path):
         assert torch.isfinite(metrics["train/loss_candidate"])
     expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated"}[head]
     assert (cli.model.drafter.markov_head.config.kind if cli.model.drafter.markov_head else None) == expected
-
-
-def expand(line: str, variables: dict[str, str]) -> str:
-    """``$NAME`` / ``"$NAME"`` replaced by the shell-quoted value assigned earlier in the same code block."""
-    return re.sub(r'"?\$(\w+)"?', lambda m: shlex.quote(variables[m[1]]) if m[1] in variables else m[0], line)
-
-
-def readme_commands() -> list[list[str]]:
-    """Every ``dspark-lightning`` command line of README's code blocks (``$B``/``$T``-style variables expanded,
-    ``[--optional ...]`` groups dropped)."""
-    readme = (ROOT / "README.md").read_text()
-    commands = []
-    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", readme, re.S):
-        variables: dict[str, str] = {}
-        for line in block.replace("\\\n", " ").splitlines():
-            for name, value in re.findall(r"(\w+)=('[^']*'|[^;\s]+)", line.split("#")[0]):
-                variables[name] = value.strip("'")
-            words = shlex.split(expand(line, variables), comments=True)
-            starts = [i for i, word in enumerate(words) if word.endswith("dspark-lightning")]
-            if starts:
-                words = words[starts[0] + 1 :]
-                optional = [i for i, w in enumerate(words) if w.startswith("[--")]
-                for i in reversed(optional):  # "[--config X]": documented as optional, parsed without it
-                    end = next(j for j in range(i, len(words)) if words[j].endswith("]"))
-                    del words[i : end + 1]
-                commands.append(words)
-    return commands
 
 
 def test_every_readme_command_parses_through_the_command_table(capsys):

@@ -1,0 +1,61 @@
+"""A rich progress bar that counts what ends a run: optimizer steps of ``trainer.max_steps``.
+
+The data stream has no fixed length, so runs are bounded by ``max_steps`` and Lightning sets ``max_epochs`` to -1:
+its ``RichProgressBar`` then shows ``Epoch 3/-2``, restarts its count at every pass over the data and gives no ETA.
+``StepProgressBar`` (what the shipped configs use) keeps one bar for the whole run, ``global_step / max_steps`` with
+elapsed time and ETA, names the pass as ``epoch N`` without a bogus bound, and leaves out ``v_num`` (the logger's
+version, shown by Lightning as a metric: ``v_num: 0.000``; the run directory already says it). Without a
+``max_steps`` it behaves like ``RichProgressBar``.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class StepProgressBar(RichProgressBar):
+    """``RichProgressBar`` over optimizer steps of ``trainer.max_steps`` (see the module docstring)."""
+
+    def _max_steps(self) -> int | None:
+        max_steps = self.trainer.max_steps
+        return max_steps if max_steps is not None and max_steps > 0 else None
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return self._max_steps() or super().total_train_batches
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self._max_steps() is None:
+            return super()._get_train_description(current_epoch)
+        max_epochs = self.trainer.max_epochs
+        bound = f"/{max_epochs - 1}" if max_epochs is not None and max_epochs > 0 else ""
+        return f"steps, epoch {current_epoch}{bound}"
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if self._max_steps() is None:
+            return super().on_train_epoch_start(trainer, pl_module)
+        if self.is_disabled or self.progress is None:
+            return
+        description = self._get_train_description(trainer.current_epoch)
+        themed = f"[{self.theme.description}]{description}" if self.theme.description else description
+        if self.train_progress_bar_id is None:  # one bar for the whole run, not one per pass over the data
+            # starting at global_step (a resumed run), so the ETA's speed never sees a jump from 0
+            total = self._max_steps()
+            self.train_progress_bar_id = self.progress.add_task(themed, total=total, completed=trainer.global_step)
+        else:
+            self.progress.update(self.train_progress_bar_id, description=themed)
+        self.refresh()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._max_steps() is None:
+            return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not self.is_disabled and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()  # resumed mid-epoch
+        self._update(self.train_progress_bar_id, trainer.global_step)
+        self._update_metrics(trainer, pl_module)
+        self.refresh()
+
+    def get_metrics(self, trainer, pl_module):
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
