@@ -191,12 +191,15 @@ class ShareGPTDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         self.check_sources(stage)
 
-    def check_sources(self, stage: str) -> None:
+    def check_sources(self, stage: str, configured_only: bool = False) -> None:
         """Sniff every local data file this stage reads (layout, encoding) and validate a sample of its records,
-        before the first step; the CLI also runs it before the model (and its target) is built."""
+        before the first step; the CLI also runs it before the model (and its target) is built, ``configured_only``
+        (a split without files is left to ``setup``, after the model's own option checks)."""
         splits = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",)}.get(stage, ())
         for split in splits:
             if self.cache_for(split) is not None or (split == "validation" and stage == "fit" and not self.val_files):
+                continue
+            if configured_only and not (self.train_files or self.val_files or self.test_files):
                 continue
             source = self._source(split)
             if not source.is_hub:

@@ -75,7 +75,7 @@ class DSparkCLI(LightningCLI):
         # model loads its target, which takes minutes for a large one
         if self.subcommand in LIGHTNING_COMMANDS:
             data = self._get(self.config, "data")
-            ShareGPTDataModule(**data.as_dict()).check_sources(self.subcommand)
+            ShareGPTDataModule(**data.as_dict()).check_sources(self.subcommand, configured_only=True)
         super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs):
