@@ -9,7 +9,8 @@ Conventions (docs/design.md §3.1, §3.6):
   ``False`` (DFlash): slot k predicts the token at p+k; slot 0 is the bonus token and is never trained
   (``first_trained_slot == 1``), so its row is invalid in every mask.
 - The teacher of the token at position t is the target's distribution from its final hidden state at t-1; the
-  target's LM head runs only at those A*B positions.
+  target's LM head runs only at those A*B positions, and over the draft rows only when the full-vocabulary
+  logsumexp and argmax come with the features (``TeacherStats``, ``models/teacher.py``).
 - The drafter holds the target's input embedding and LM head as frozen submodules (shared objects, not copies);
   a trainer should keep them out of checkpoints because they are re-loaded from the target.
 - Token ids are target ids everywhere outside the output layer; with a ``DraftVocab`` the base logits cover the
@@ -34,6 +35,7 @@ from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.models.target import rope_theta
+from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, full_vocab_teacher
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
@@ -144,15 +146,19 @@ class DSparkDrafter(nn.Module):
         return self.lm_head(hidden)
 
     def _draft_head_rows(self) -> torch.Tensor:
-        """The target LM head's rows ``d2t``; without autograd (decoding) gathered once per weight version, since
-        the gather copies Vd x H weights and costs a decoding step about as much as the head's matmul itself."""
+        """The target LM head's rows ``d2t``, gathered once per weight version: the gather copies Vd x H weights
+        and costs a decoding step about as much as the head's matmul itself. The head is frozen, so the rows need
+        no graph; a copy made in inference mode (decoding) is made again for training, which cannot use it."""
         weight, d2t = self.lm_head.weight, self.draft_vocab.d2t
-        if torch.is_grad_enabled():  # training: a fresh gather (a cached one may be an inference-mode tensor)
-            return weight[d2t]
         key = (weight.data_ptr(), weight._version, d2t.data_ptr(), d2t._version, weight.device, weight.dtype)
-        if getattr(self, "_head_rows_key", None) != key:
-            self._head_rows, self._head_rows_key = weight[d2t], key
-        return self._head_rows
+        rows = getattr(self, "_head_rows", None)
+        if getattr(self, "_head_rows_key", None) != key or (
+            rows.is_inference() and not torch.is_inference_mode_enabled()
+        ):
+            with torch.no_grad():
+                rows = weight[d2t]
+            self._head_rows, self._head_rows_key = rows, key
+        return rows
 
     def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
         if self.confidence_head is None:
@@ -199,8 +205,12 @@ class DSparkDrafter(nn.Module):
         anchors: Anchors | None = None,
         generator: torch.Generator | None = None,
         markov_prev: str = "teacher",
+        teacher_stats: TeacherStats | None = None,
     ) -> DrafterOutput:
         """Teacher-forced training forward over a packed batch (shapes in the data package docstring).
+
+        ``teacher_stats``: the full-vocabulary logsumexp and argmax per position of ``final_hidden`` (from a feature
+        cache): the teacher then evaluates the LM head on the draft rows only (docs/design.md §3.6).
 
         ``markov_prev``: what the Markov head reads as each slot's previous token: ``teacher`` (the text, as
         trained) or ``own`` (the drafter's own greedy choice at the slot before, a sequential decode inside the
@@ -242,7 +252,7 @@ class DSparkDrafter(nn.Module):
             drafted = trained(base_logits) + bias.view(trained(base_logits).shape).to(base_logits.dtype)
             untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
             logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
-        teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0))
+        teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0), teacher_stats)
         return DrafterOutput(
             logits=logits,
             base_logits=base_logits,
@@ -272,20 +282,35 @@ class DSparkDrafter(nn.Module):
         return torch.stack(previous, dim=-1).view(shape[:3])
 
     @torch.no_grad()
-    def teacher_logprobs(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def teacher_logprobs(
+        self, final_hidden: torch.Tensor, positions: torch.Tensor, stats: TeacherStats | None = None
+    ) -> torch.Tensor:
         """Target log-probs of the next token after each of ``positions`` [b, ...], over the draft vocab."""
-        return self.teacher(final_hidden, positions)[0]
+        return self.teacher(final_hidden, positions, stats)[0]
 
     @torch.no_grad()
-    def teacher(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``teacher_logprobs``, the target's full-vocabulary argmax as target ids [b, ...]) after ``positions``."""
-        b = final_hidden.shape[0]
-        rows = final_hidden.gather(1, positions.reshape(b, -1, 1).expand(-1, -1, final_hidden.shape[-1]))
-        logprobs = torch.log_softmax(self.lm_head(rows).float(), dim=-1)
-        argmax = logprobs.argmax(-1).view(positions.shape)
-        if self.draft_vocab is not None:
-            logprobs = logprobs[..., self.draft_vocab.d2t]
-        return logprobs.view(*positions.shape, -1), argmax
+    def teacher(
+        self, final_hidden: torch.Tensor, positions: torch.Tensor, stats: TeacherStats | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``teacher_logprobs``, the target's full-vocabulary argmax as target ids [b, ...]) after ``positions``.
+
+        With ``stats`` (per position of ``final_hidden``: the full-vocabulary logsumexp and argmax, as a feature
+        cache stores them) the LM head runs over the draft rows only; without, over the whole vocabulary at the
+        distinct positions (docs/design.md §3.6). Both give log_softmax(lm_head(h))[d2t] and its full argmax.
+        """
+        b, S, H = final_hidden.shape
+        flat = (positions.reshape(b, -1) + S * torch.arange(b, device=positions.device)[:, None]).reshape(-1)
+        unique, inverse = torch.unique(flat, return_inverse=True)  # each position once: neighbouring blocks overlap
+        rows = final_hidden.reshape(b * S, H)[unique]
+        if stats is not None:
+            logsumexp, argmax = stats.take(unique)
+            head = self._draft_head_rows() if self.draft_vocab is not None else self.lm_head.weight
+            logprobs = draft_logprobs(rows, head, logsumexp)
+        else:
+            logprobs, argmax = full_vocab_teacher(rows, self.lm_head.weight, self.d2t)
+        if unique.numel() != flat.numel() or not torch.equal(unique, flat):
+            logprobs, argmax = logprobs[inverse], argmax[inverse]
+        return logprobs.view(*positions.shape, -1), argmax.view(positions.shape)
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
