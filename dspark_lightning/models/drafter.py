@@ -34,6 +34,7 @@ from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead
+from dspark_lightning.models.sparse_attention import grouped_context
 from dspark_lightning.models.target import rope_theta
 from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, full_vocab_teacher
 from dspark_lightning.models.vocab import DraftVocab
@@ -175,12 +176,15 @@ class DSparkDrafter(nn.Module):
         tokens[..., 0] = anchor_tokens
         return self.embed_tokens(tokens)
 
-    def _run_backbone(self, anchor_tokens, anchor_rotary, context_features, context_positions, visibility):
-        """anchor_tokens/anchor_rotary [b, A] -> draft hidden [b, A, B, H]."""
+    def _run_backbone(
+        self, anchor_tokens, anchor_rotary, context_features, context_positions, visibility, sparse: bool = False
+    ):
+        """anchor_tokens/anchor_rotary [b, A] -> draft hidden [b, A, B, H]. ``sparse`` (the training forward): with
+        a dense mask, each group of blocks attends only to the context stretch it can see, and context positions
+        no block sees are not projected (``sparse_attention.py``; exact)."""
         b, A = anchor_tokens.shape
         B = self.block_size
         block = self._block_embeddings(anchor_tokens).flatten(1, 2)
-        context = self.backbone.fuse_context(context_features.to(block.dtype))
         block_positions = (anchor_rotary[:, :, None] + torch.arange(B, device=block.device)).flatten(1)
         backend = resolve_backend(self.backbone.config.attention_backend, block.device)
         attn_mask = None
@@ -190,6 +194,11 @@ class DSparkDrafter(nn.Module):
             if "sliding_attention" in self.backbone.config.layer_types:  # one more mask, for the sliding layers
                 sliding = dataclasses.replace(visibility, window=window).build(backend)
                 attn_mask = {"full_attention": attn_mask, "sliding_attention": sliding}
+            if sparse and backend == "sdpa":
+                context_features, context_positions, attn_mask = grouped_context(
+                    attn_mask, context_features, context_positions, B
+                )
+        context = self.backbone.fuse_context(context_features.to(block.dtype))
         hidden = self.backbone(block, context, block_positions, context_positions, attn_mask)
         return hidden.view(b, A, B, -1)
 
@@ -235,7 +244,9 @@ class DSparkDrafter(nn.Module):
         anchor_tokens = input_ids.gather(1, p)
         anchor_rotary = position_ids.gather(1, p)
         visibility = block_visibility(anchors, document_ids, B)
-        hidden = self._run_backbone(anchor_tokens, anchor_rotary, context_features, position_ids, visibility)
+        hidden = self._run_backbone(
+            anchor_tokens, anchor_rotary, context_features, position_ids, visibility, sparse=True
+        )
 
         base_logits = self.output_logits(hidden)
         logits = base_logits
