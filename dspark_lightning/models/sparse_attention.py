@@ -81,19 +81,48 @@ def grouped_context(masks, context_features: torch.Tensor, context_positions: to
     return context_features, context_positions, grouped if isinstance(masks, dict) else grouped[None]
 
 
+class _ContextRanges(torch.autograd.Function):
+    """Overlapping ranges [c0, c1) of dim 2 of x [b, h, S, d] as views; backward adds their gradients into one
+    [b, h, S, d] tensor (slicing instead would allocate a zero tensor of x's size per range)."""
+
+    @staticmethod
+    def forward(ctx, x, ranges):
+        ctx.shape, ctx.ranges = x.shape, ranges
+        return tuple(x.narrow(2, c0, c1 - c0) for c0, c1 in ranges)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        total = None
+        for (c0, c1), grad in zip(ctx.ranges, grads, strict=True):
+            if grad is None or c1 == c0:
+                continue
+            if total is None:
+                total = torch.zeros(ctx.shape, dtype=grad.dtype, device=grad.device)
+            total[:, :, c0:c1] += grad
+        return total, None
+
+
 def grouped_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: GroupedMask, enable_gqa: bool
 ) -> torch.Tensor:
     """SDPA of q [b, h, Q, d] against k, v [b, kv, S + Q, d] group by group: [b, h, Q, d]."""
     Q = q.shape[2]
     S = k.shape[2] - Q
+    sizes = [q1 - q0 for q0, q1, _, _ in mask.groups]
+    ranges = [(c0, c1) for _, _, c0, c1 in mask.groups]
+    queries = torch.split(q, sizes, dim=2)
+    keys, values = [], []
+    for x, out in ((k, keys), (v, values)):
+        context, block = torch.split(x, [S, Q], dim=2)
+        out.extend(zip(_ContextRanges.apply(context, ranges), torch.split(block, sizes, dim=2), strict=True))
     outputs = []
-    for q0, q1, c0, c1 in mask.groups:
-        keys = torch.cat((k[:, :, c0:c1], k[:, :, S + q0 : S + q1]), dim=2)
-        values = torch.cat((v[:, :, c0:c1], v[:, :, S + q0 : S + q1]), dim=2)
+    for (q0, q1, c0, c1), query, key, value in zip(mask.groups, queries, keys, values, strict=True):
         visible = torch.cat((mask.dense[..., q0:q1, c0:c1], mask.dense[..., q0:q1, S + q0 : S + q1]), dim=-1)
         outputs.append(
-            F.scaled_dot_product_attention(q[:, :, q0:q1], keys, values, attn_mask=visible, enable_gqa=enable_gqa)
+            F.scaled_dot_product_attention(
+                query, torch.cat(key, dim=2), torch.cat(value, dim=2), attn_mask=visible, enable_gqa=enable_gqa
+            )
         )
     return torch.cat(outputs, dim=2)
 
