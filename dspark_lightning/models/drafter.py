@@ -161,12 +161,17 @@ class DSparkDrafter(nn.Module):
             self._head_rows, self._head_rows_key = rows, key
         return rows
 
-    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
+    def confidence_logits(
+        self, hidden: torch.Tensor, prev_tokens: torch.Tensor, prev_embedding: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """``prev_embedding``: W1[prev_tokens] when the caller already looked it up."""
         if self.confidence_head is None:
             return None
         features = hidden
         if self.config.confidence_with_markov:
-            features = torch.cat((hidden, self.markov_head.markov_w1(prev_tokens).to(hidden.dtype)), dim=-1)
+            if prev_embedding is None:
+                prev_embedding = self.markov_head.markov_w1(prev_tokens)
+            features = torch.cat((hidden, prev_embedding.to(hidden.dtype)), dim=-1)
         return self.confidence_head(features)
 
     def _block_embeddings(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
@@ -249,7 +254,7 @@ class DSparkDrafter(nn.Module):
         )
 
         base_logits = self.output_logits(hidden)
-        logits = base_logits
+        logits, prev_embedding = base_logits, None
         if self.markov_head is not None:
             trained = lambda t: cfg.trained_slots(t, dim=2)  # noqa: E731
             if markov_prev == "own":
@@ -257,9 +262,13 @@ class DSparkDrafter(nn.Module):
                 trained(prev_tokens).copy_(
                     self._own_previous(trained(base_logits), trained(hidden), trained(prev_tokens)[:, :, 0])
                 )
+            # W1[prev] looked up once for the head and the confidence features: one dense gradient of W1, not two
+            prev_embedding = self.markov_head.markov_w1(prev_tokens)
             # the head starts at the first drafted slot, as decoding does: in the DFlash convention slot 0 (the
             # bonus token) is never drafted, so it must not advance the rnn head's state either
-            bias = self.markov_head.block_bias(trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1))
+            bias = self.markov_head.block_bias(
+                trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1), trained(prev_embedding).flatten(0, 1)
+            )
             drafted = trained(base_logits) + bias.view(trained(base_logits).shape).to(base_logits.dtype)
             untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
             logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
@@ -268,7 +277,7 @@ class DSparkDrafter(nn.Module):
             logits=logits,
             base_logits=base_logits,
             hidden=hidden,
-            confidence_logits=self.confidence_logits(hidden, prev_tokens),
+            confidence_logits=self.confidence_logits(hidden, prev_tokens, prev_embedding),
             teacher_logprobs=teacher,
             slot_valid=slot_valid,
             prev_tokens=prev_tokens,
