@@ -88,7 +88,8 @@ class Side:
 
     def float64_loss(self) -> float:
         """The first step's loss evaluated in float64 by a copy of the module, through the full-vocabulary teacher
-        (the statistics of a format 2 cache dropped): the exact value every side's first step approximates."""
+        (the statistics of a format 2 cache dropped): the exact value every side's first step approximates. Called
+        by ``bench_training_step`` in its own process, before any step, so no worker's peak memory includes it."""
         import copy
 
         import torch
@@ -205,12 +206,10 @@ def main() -> None:
     import torch
 
     side = Side(cfg)
-    reference = side.float64_loss() if cfg.get("float64_reference") else None
     first = [side.step()["loss"] for _ in range(cfg["warmup"])]
     params = sum(p.numel() for p in side.params)
     _say({"ready": True, "torch": torch.__version__, "threads": torch.get_num_threads(), "package": side.package,
-          "trainable_params": params, "first_losses": first, "batch_fields": side.stat_fields,
-          "float64_first_loss": reference})  # fmt: skip
+          "trainable_params": params, "first_losses": first, "batch_fields": side.stat_fields})  # fmt: skip
     for line in sys.stdin:
         command = line.split()
         if not command or command[0] == "quit":

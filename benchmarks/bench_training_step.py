@@ -24,9 +24,15 @@ Design choices:
   median of the per-round ratios, the first (warm-up) step's loss of each side (same weights, rows and anchors, so it
   must agree), and the peak memory of one step = the peak of live tensor bytes during it (profiler memory timeline,
   as ``bench_scaling``; not tracemalloc, which does not see tensor storage), next to each worker's peak RSS (VmHWM).
-- Profile: one more step per side under ``torch.profiler`` with a scope per part (teacher, fused-feature projection,
-  attention, MLP, draft LM head, Markov head, confidence, loss, optimizer); backward time is charged to the part
-  whose forward op created the autograd node. Profiled steps run slower than timed ones (profiler overhead).
+- Exactness: the first (warm-up) step has the same weights, row and anchors on every side; after the rounds the
+  benchmark evaluates it in float64 (this tree, full-vocabulary teacher, in its own process so that no worker's peak
+  memory includes it), and every side's float32 loss is compared with that.
+- Profile: three more steps per side under ``torch.profiler`` (alternated; medians per part) with a scope per part
+  (teacher, fused-feature projection, attention, MLP, draft LM head, Markov head, confidence, loss, optimizer);
+  backward time is charged to the part whose forward op created the autograd node. Profiled steps run slower than
+  timed ones (profiler overhead, most of it in ``other``).
+- Online mode: the full target's forward over one row is timed on its own after the rounds (median of 3, no grad);
+  online tokens/s = S / (step with the full-vocabulary teacher + that forward), for before and fallback.
 """
 
 from __future__ import annotations
@@ -37,17 +43,25 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks._training_step_worker import Side
+from benchmarks.training_step_inputs import (
+    cache_copies,
+    export_revision,
+    random_target,
+    recipe_optimizer,
+    synthetic_cache,
+    target_forward_ms,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 WORKER = Path(__file__).resolve().parent / "_training_step_worker.py"
 BEFORE_REV = "45d632d"  # the last commit before the training-step work (teacher statistics, grouped attention)
 SIDES = ("before", "fallback", "after")
-RECIPE = "configs/smollm2_sharegpt.yaml"
 SMOLLM2 = dict(hidden=576, vocab=49152, layers=30, heads=9, kv_heads=3, intermediate=1536, layer_ids=[1, 14, 27])
 # fmt: off
 FULL = dict(shape=SMOLLM2, seq_len=1024, rows=12, anchors=32, rank=64, draft_vocab=str(ROOT / "assets/smollm2/draft_vocab.safetensors"),
@@ -57,100 +71,6 @@ QUICK = dict(shape=dict(hidden=128, vocab=2048, layers=4, heads=4, kv_heads=2, i
 COLUMNS = ["side", "revision", "tokens_per_second", "step_ms", "step_min_ms", "forward_ms", "backward_ms", "optimizer_ms",
            "peak_memory_mb", "peak_rss_mb", "first_loss", "steps"]
 # fmt: on
-
-
-# ------------------------------------------------------------------------------------------------ inputs
-def random_target(shape: dict, directory: Path) -> None:
-    """A stand-in target: a Llama config of the given shapes and one tied embedding (all cache mode reads)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(
-        vocab_size=shape["vocab"], hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-        intermediate_size=shape["intermediate"], tie_word_embeddings=True,
-    )  # fmt: skip
-    config.save_pretrained(directory)
-    weight = torch.randn(shape["vocab"], shape["hidden"], generator=torch.Generator().manual_seed(0)) * 0.05
-    save_file({"model.embed_tokens.weight": weight}, str(directory / "model.safetensors"))
-
-
-def synthetic_cache(shape: dict, seq_len: int, rows: int, directory: Path) -> None:
-    """A format 1 cache of random features: rows of 4 documents, the first quarter of each outside the loss mask."""
-    import torch
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(1)
-    length = seq_len // 4
-    documents = (torch.arange(seq_len) // length).clamp(max=3)
-    positions = torch.arange(seq_len) - documents * length
-    H, n = shape["hidden"], len(shape["layer_ids"])
-    tensors = {
-        "input_ids": torch.randint(0, shape["vocab"], (rows, seq_len), generator=g, dtype=torch.int32),
-        "loss_mask": (positions >= length // 4).expand(rows, -1).contiguous(),
-        "document_ids": documents.int().expand(rows, -1).contiguous(),
-        "position_ids": positions.int().expand(rows, -1).contiguous(),
-        "context_features": torch.randn(rows, seq_len, n * H, generator=g).bfloat16(),
-        "final_hidden": torch.randn(rows, seq_len, H, generator=g).bfloat16(),
-    }
-    directory.mkdir(parents=True)
-    save_file(tensors, str(directory / "features-00000.safetensors"))
-    index = {"format": "dspark-target-cache/1", "target_layer_ids": shape["layer_ids"], "hidden_size": H,
-             "seq_len": seq_len, "dtype": "bfloat16", "shards": [{"file": "features-00000.safetensors",
-             "num_samples": rows}], "complete": True}  # fmt: skip
-    (directory / "index.json").write_text(json.dumps(index))
-
-
-def cache_copies(source: Path, target: str, rows: int, workdir: Path) -> tuple[Path, Path]:
-    """(format 1, format 2) caches of the first ``rows`` samples of ``source``: the statistics of format 2 are what
-    the cache writer computes (``full_vocab_stats`` of the stored final hidden state with the target's LM head)."""
-    from safetensors.torch import save_file
-
-    from dspark_lightning.data.cache import TEACHER_STAT_FIELDS, CachedFeatureDataset
-    from dspark_lightning.models.target import TargetHeads
-    from dspark_lightning.models.teacher import full_vocab_stats
-
-    dataset = CachedFeatureDataset(str(source), batch_size=rows)
-    batch = dataset.read(range(min(rows, len(dataset.locations))))
-    for name in ("input_ids", "document_ids", "position_ids"):  # stored as int32, read back as int64
-        batch[name] = batch[name].int()
-    for name in TEACHER_STAT_FIELDS:
-        batch.pop(name, None)
-    head = TargetHeads.from_pretrained(target, dataset.meta["target_layer_ids"]).lm_head.weight
-    logsumexp, argmax = full_vocab_stats(batch["final_hidden"], head)
-    copies = []
-    for version, extra in ((1, {}), (2, dict(zip(TEACHER_STAT_FIELDS, (logsumexp, argmax.int()), strict=True)))):
-        directory = workdir / f"cache-v{version}"
-        directory.mkdir(parents=True)
-        save_file(
-            {k: v.contiguous() for k, v in {**batch, **extra}.items()}, str(directory / "features-00000.safetensors")
-        )
-        meta = {**dataset.meta, "format": f"dspark-target-cache/{version}", "complete": True,
-                "shards": [{"file": "features-00000.safetensors", "num_samples": batch["input_ids"].shape[0]}]}  # fmt: skip
-        (directory / "index.json").write_text(json.dumps(meta))
-        copies.append(directory)
-    return copies[0], copies[1]
-
-
-def export_revision(revision: str, directory: Path) -> Path:
-    """The package and recipe configs of a git revision, extracted into ``directory`` (the tree a worker imports)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    archive = directory / "tree.tar"
-    with open(archive, "wb") as handle:
-        subprocess.run(["git", "archive", revision, "dspark_lightning", "configs"], cwd=ROOT, stdout=handle, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(directory, filter="data")
-    return directory
-
-
-def recipe_optimizer(tree: Path) -> dict:
-    """``model.optimizer.init_args`` of the SmolLM2 recipe in ``tree`` (AdamW is the recipe's class)."""
-    import yaml
-
-    config = yaml.safe_load((tree / RECIPE).read_text())
-    args = dict(config["model"]["optimizer"]["init_args"])
-    return {**args, "betas": tuple(args.get("betas", (0.9, 0.999)))}
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -317,8 +237,11 @@ def run(
         workers: dict[str, Worker] = {}
         try:
             for side in active:
-                config = {**base, "cache": str(v2 if side == "after" else v1), "optimizer": recipe_optimizer(trees[side]),
-                          "float64_reference": side == "after"}  # fmt: skip
+                config = {
+                    **base,
+                    "cache": str(v2 if side == "after" else v1),
+                    "optimizer": recipe_optimizer(trees[side]),
+                }
                 log(f"starting {side} ({labels[side]}) ...")
                 workers[side] = Worker(side, config, [trees[side], ROOT], workdir, threads)
             for worker in workers.values():  # started together: loading and warm-up overlap (nothing is timed yet)
@@ -327,6 +250,9 @@ def run(
         finally:
             for worker in workers.values():
                 worker.close()
+        log("the first step in float64; the target's forward (online mode) ...")
+        reference = Side({**base, "cache": str(v1), "optimizer": recipe_optimizer(ROOT)}).float64_loss()
+        forward_ms = target_forward_ms(target, v1, threads)
     tokens = setup["seq_len"]  # one packed row per step
     record = {}
     for side in SIDES:
@@ -339,7 +265,12 @@ def run(
     record["ratio_rounds"] = statistics.median(measured["round_ratios"])
     record["ratio_fallback"] = record["fallback"]["tokens_per_second"] / record["before"]["tokens_per_second"]
     record["first_loss_difference"] = abs(record["after"]["first_loss"] - record["before"]["first_loss"])
-    reference = record["first_loss_float64"] = workers["after"].ready["float64_first_loss"]
+    record["first_loss_float64"] = reference
+    record["target_forward_ms"] = forward_ms
+    if forward_ms is not None:  # online mode runs the target, then the step with the full-vocabulary teacher
+        online = {side: tokens / ((record[side]["step_ms"] + forward_ms) / 1e3) for side in ("before", "fallback")}
+        record["online_tokens_per_second"] = online
+        record["online_ratio"] = online["fallback"] / online["before"]
     for side in SIDES:
         record[side]["first_loss_error"] = abs(record[side]["first_loss"] - reference) / abs(reference)
     record["setup"] = {**{k: v for k, v in setup.items() if k not in ("target", "cache", "cache_source")},

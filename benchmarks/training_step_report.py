@@ -26,6 +26,19 @@ def _part_ms(record: dict, side: str, part: str, key: str | None = None) -> floa
     return entry[key] if key else entry["forward_ms"] + entry["backward_ms"]
 
 
+def _online(record: dict) -> list[str]:
+    if record.get("target_forward_ms") is None:
+        return ["Online mode was not measured (no full target model).", ""]
+    online = record["online_tokens_per_second"]
+    return [
+        f"Online mode (the target runs every step; its teacher is the full-vocabulary path of `fallback`): the "
+        f"target's forward over one row takes {record['target_forward_ms']:.0f} ms (median of 3, no grad, measured "
+        f"after the rounds), so online tokens/s = S / (step + forward) ≈ {online['before']:.0f} before and "
+        f"{online['fallback']:.0f} after ({record['online_ratio']:.2f}×): the target's own forward dominates there.",
+        "",
+    ]
+
+
 def write_results(record: dict, out_dir: Path, stem: str, columns: list[str]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -76,6 +89,7 @@ def write_results(record: dict, out_dir: Path, stem: str, columns: list[str]) ->
         "optimizer state and inputs that exist before the step are not counted); peak RSS = the worker process's "
         "VmHWM (includes the model, the optimizer state and the cached rows).",
         "",
+        *_online(record),
         "## Where the time goes",
         "",
         f"{record['after']['profile']['steps']} more steps per side under `torch.profiler` (alternated; medians per "
