@@ -252,7 +252,7 @@ def run(
                 worker.close()
         log("the first step in float64; the target's forward (online mode) ...")
         reference = Side({**base, "cache": str(v1), "optimizer": recipe_optimizer(ROOT)}).float64_loss()
-        forward_ms = target_forward_ms(target, v1, threads)
+        forward_ms = target_forward_ms(target, v1, threads, stand_in=target == str(workdir / "target"))
     tokens = setup["seq_len"]  # one packed row per step
     record = {}
     for side in SIDES:

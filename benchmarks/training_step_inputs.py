@@ -98,17 +98,23 @@ def export_revision(revision: str, directory: Path) -> Path:
     return directory
 
 
-def target_forward_ms(target: str, cache: Path, threads: int, repeats: int = 3) -> float | None:
+def target_forward_ms(target: str, cache: Path, threads: int, stand_in: bool, repeats: int = 3) -> float | None:
     """Median ms of the full target's forward over one cached row (no grad): what online mode adds to every step.
-    None when the target directory holds no full model (the random stand-in)."""
+    For the stand-in target (only its embedding is stored) a random-weight model of its config; None when neither
+    loads."""
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from dspark_lightning.data.cache import CachedFeatureDataset
     from dspark_lightning.models.target import FrozenTarget
 
     dataset = CachedFeatureDataset(str(cache), batch_size=1)
+    layers = dataset.meta["target_layer_ids"]
     try:
-        model = FrozenTarget.from_pretrained(target, dataset.meta["target_layer_ids"], dtype="auto")
+        if stand_in:
+            model = FrozenTarget(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target)), layers)
+        else:
+            model = FrozenTarget.from_pretrained(target, layers, dtype="auto")
     except (OSError, ValueError, KeyError):
         return None
     batch, previous = dataset.read([0]), torch.get_num_threads()
