@@ -7,6 +7,7 @@ step benchmark runs with ``reference_venv=None`` (our side only) and must say so
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from benchmarks import (  # noqa: E402
     bench_quickstart,
     bench_scaling,
     bench_train_step,
+    bench_training_step,
     bench_verify_kernels,
     run_all,
 )
@@ -45,6 +47,23 @@ def test_train_step_quick_ours_only(tmp_path):
     assert int(record["ours_params"]) > 0
     markdown = (tmp_path / "train_step_quick.md").read_text()
     assert "disabled" in markdown and "| tiny |" in markdown
+
+
+def test_training_step_quick_writes_before_and_after(tmp_path):
+    """Demo target, a tiny synthetic cache, one round; "before" is this tree with a format 1 cache (no git export)."""
+    record = bench_training_step.run(quick=True, out_dir=tmp_path, before_rev=None, log=lambda *_: None)
+    saved = json.loads((tmp_path / "training_step_quick.json").read_text())
+    for side in ("before", "fallback", "after"):
+        assert saved[side]["tokens_per_second"] > 0 and saved[side]["peak_memory_mb"] > 0
+        assert set(saved[side]["profile"]["parts"]) >= {"teacher", "attention", "draft_head", "loss", "optimizer"}
+    assert (
+        "final_logsumexp" in saved["after"]["batch_fields"] and "final_logsumexp" not in saved["before"]["batch_fields"]
+    )
+    assert saved["first_loss_difference"] < 1e-4 and record["ratio"] > 0  # same weights, rows and anchors
+    header, rows = read_csv(tmp_path / "training_step_quick.csv")
+    assert header == bench_training_step.COLUMNS and [r["side"] for r in rows] == ["before", "fallback", "after"]
+    markdown = (tmp_path / "training_step_quick.md").read_text()
+    assert "synthetic cache" in markdown and "| teacher (LM head" in markdown
 
 
 def test_scaling_quick_writes_table_and_plots(tmp_path):

@@ -13,14 +13,16 @@ Format (``index.json`` + ``features-NNNNN.safetensors``): each shard holds ``--s
 tensors with a leading sample dimension, in the batch contract of ``dspark_lightning.data`` plus the target's
 features: ``input_ids`` / ``document_ids`` / ``position_ids`` int32 [n, S], ``loss_mask`` bool [n, S],
 ``context_features`` [n, S, len(layers)*H] and ``final_hidden`` [n, S, H] (after the final norm) in ``--dtype``
-(bf16 by default). ``index.json`` records the target, layer ids, shapes, dtype, the data options, per-shard sample
-counts and the data pass counters; ``complete`` is false until the last shard is written.
+(bf16 by default), and the teacher statistics of format 2: ``final_logsumexp`` float32 [n, S] (the logsumexp of
+``lm_head(final_hidden)`` over the target's whole vocabulary, from the stored final hidden state) and ``final_argmax``
+int32 [n, S] (its argmax). ``index.json`` records the target, layer ids, shapes, dtype, the data options, per-shard
+sample counts and the data pass counters; ``complete`` is false until the last shard is written.
 
 Design choices:
 - Packing is exactly the training stream's (``ShareGPTDataModule`` with no shuffling, file order), so a cached sample
   equals the online one; shuffling happens when reading (a permutation of sample indices per epoch).
-- Size estimate before the target is loaded: bytes per sample = S * (13 + (n + 1) * H * dtype bytes) (int32 ids,
-  document ids, positions, a bool mask, then the features), times the number of samples from a count pass
+- Size estimate before the target is loaded: bytes per sample = S * (21 + (n + 1) * H * dtype bytes) (int32 ids,
+  document ids, positions, a bool mask, the two teacher statistics, then the features), times the number of samples from a count pass
   (tokenise + pack only; ``--count_pass false`` skips it and prints the per-sample size alone). ``--dry_run`` stops there.
 - Resumable: the index is rewritten after every finished shard; rerunning the same command skips the samples of the
   finished shards (the packed stream is deterministic) and continues. A different configuration in the same output
@@ -33,6 +35,9 @@ Design choices:
   steps, evaluation drops nothing. Batches are then dealt to DataLoader workers round-robin, which is the order the
   DataLoader yields them in, so the batch sequence is independent of ``num_workers``; resuming mid-epoch skips batches
   by index without reading them. Samples are read lazily from memory-mapped shards (``safe_open``).
+- Versions: format 1 caches (no teacher statistics) stay readable; their batches carry no ``final_logsumexp`` /
+  ``final_argmax``, and training then evaluates the teacher's full-vocabulary LM head itself (docs/design.md §3.6).
+  A reader over several directories passes the statistics on only when every directory has them.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ from torch.utils.data import IterableDataset as TorchIterableDataset
 
 from dspark_lightning.dtypes import torch_dtype
 
-CACHE_FORMAT = "dspark-target-cache/1"
+CACHE_FORMAT = "dspark-target-cache/2"
+READABLE_FORMATS = ("dspark-target-cache/1", CACHE_FORMAT)  # 1: no teacher statistics
 INDEX_NAME = "index.json"
 SHARD_PATTERN = "features-{:05d}.safetensors"
 TOKEN_FIELDS = {
@@ -60,13 +66,19 @@ TOKEN_FIELDS = {
     "position_ids": torch.int32,
 }
 FEATURE_FIELDS = ("context_features", "final_hidden")
+# per position of final_hidden: logsumexp and argmax of the target's logits over its whole vocabulary (format 2)
+TEACHER_STAT_FIELDS = ("final_logsumexp", "final_argmax")
 TOKEN_FIELD_BYTES = 13  # int32 ids + int32 document ids + int32 positions + bool mask, per token
+TEACHER_STAT_BYTES = 8  # float32 logsumexp + int32 argmax, per token
 
 
-def bytes_per_sample(seq_len: int, hidden_size: int, num_context_layers: int, dtype: str = "bfloat16") -> int:
-    """Cache bytes of one packed sample (the safetensors headers are negligible)."""
+def bytes_per_sample(
+    seq_len: int, hidden_size: int, num_context_layers: int, dtype: str = "bfloat16", teacher_stats: bool = True
+) -> int:
+    """Cache bytes of one packed sample (the safetensors headers are negligible); ``teacher_stats=False`` for a
+    format 1 cache."""
     feature_bytes = torch_dtype(dtype).itemsize * (num_context_layers + 1) * hidden_size
-    return seq_len * (TOKEN_FIELD_BYTES + feature_bytes)
+    return seq_len * (TOKEN_FIELD_BYTES + TEACHER_STAT_BYTES * teacher_stats + feature_bytes)
 
 
 def format_bytes(size: float) -> str:
@@ -93,11 +105,18 @@ class CacheIndex:
             raise FileNotFoundError(f"{directory} is not a target cache (no {INDEX_NAME}); write one with "
                                     "`dspark-lightning cache`")  # fmt: skip
         meta = json.loads(path.read_text())
-        if meta.get("format") != CACHE_FORMAT:
-            raise ValueError(f"{path}: unknown cache format {meta.get('format')!r} (expected {CACHE_FORMAT})")
+        if meta.get("format") not in READABLE_FORMATS:
+            raise ValueError(
+                f"{path}: unknown cache format {meta.get('format')!r} (expected one of {READABLE_FORMATS})"
+            )
         if not meta.get("complete"):
             raise ValueError(f"{path}: the cache is incomplete (interrupted?); rerun the same cache command to finish")
         return cls(directory, meta)
+
+    @property
+    def has_teacher_stats(self) -> bool:
+        """Whether the shards hold ``TEACHER_STAT_FIELDS`` (format 2)."""
+        return self.meta["format"] != READABLE_FORMATS[0]
 
     @property
     def num_samples(self) -> int:
@@ -148,6 +167,7 @@ class CachedFeatureDataset(TorchIterableDataset):
     ) -> None:
         self.indexes = load_cache_indexes(directories)
         self.locations = [loc for index in self.indexes for loc in index.locate()]
+        self.teacher_stats = all(index.has_teacher_stats for index in self.indexes)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch, self.skip_batches = 0, 0
@@ -181,7 +201,8 @@ class CachedFeatureDataset(TorchIterableDataset):
         """Stack the given global samples into one batch."""
         from safetensors import safe_open
 
-        rows: dict[str, list[torch.Tensor]] = {name: [] for name in (*TOKEN_FIELDS, *FEATURE_FIELDS)}
+        stats = TEACHER_STAT_FIELDS if self.teacher_stats else ()
+        rows: dict[str, list[torch.Tensor]] = {name: [] for name in (*TOKEN_FIELDS, *FEATURE_FIELDS, *stats)}
         for sample in samples:
             path, row = self.locations[sample]
             if path not in self._handles:
@@ -190,7 +211,7 @@ class CachedFeatureDataset(TorchIterableDataset):
             for name in rows:
                 rows[name].append(handle.get_slice(name)[row : row + 1])
         batch = {name: torch.cat(values) for name, values in rows.items()}
-        for name in ("input_ids", "document_ids", "position_ids"):
+        for name in ("input_ids", "document_ids", "position_ids", *(("final_argmax",) if stats else ())):
             batch[name] = batch[name].long()
         batch["loss_mask"] = batch["loss_mask"].bool()
         return batch
@@ -225,11 +246,14 @@ def estimated_cache_bytes(index: dict[str, Any]) -> int:
     """Bytes the cache described by ``index`` occupies (from its shapes, without reading the shards)."""
     samples = sum(s["num_samples"] for s in index["shards"])
     layers = len(index["target_layer_ids"])
-    return samples * bytes_per_sample(index["seq_len"], index["hidden_size"], layers, index["dtype"])
+    stats = index.get("format") != READABLE_FORMATS[0]
+    return samples * bytes_per_sample(index["seq_len"], index["hidden_size"], layers, index["dtype"], stats)
 
 
 __all__ = [
     "CACHE_FORMAT",
+    "READABLE_FORMATS",
+    "TEACHER_STAT_FIELDS",
     "CacheIndex",
     "CachedFeatureDataset",
     "CachedFeatureLoader",

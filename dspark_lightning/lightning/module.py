@@ -17,7 +17,9 @@ Design choices:
 - ``target.features: cache`` trains from an offline target cache (``dspark_lightning.data.cache``): only the target's
   config, input embedding and LM head are loaded (``TargetHeads``), and every batch must carry ``context_features``
   and ``final_hidden``. Checkpoints are the same in both modes (the frozen tensors are dropped either way). A batch
-  that carries features is used as it is in online mode too (the target is then not run).
+  that carries features is used as it is in online mode too (the target is then not run). A cache that also
+  stores the full-vocabulary logsumexp and argmax per position (format 2) lets the teacher run the LM head over
+  the draft rows only (``teacher_stats``; docs/design.md §3.6); older caches take the full-vocabulary head.
 - ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/anchors.py``) chooses how training anchors
   are shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
   (sum states over the epoch) report the fraction of supervised tokens that some block predicts.
@@ -40,7 +42,7 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from dspark_lightning.data.cache import load_cache_indexes
+from dspark_lightning.data.cache import TEACHER_STAT_FIELDS, load_cache_indexes
 from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.dtypes import DTYPES, torch_dtype
 from dspark_lightning.lightning.config import GROUPS, LossArgs, TargetArgs, TrainingArgs, as_group, as_hparams
@@ -50,7 +52,7 @@ from dspark_lightning.lightning.optim import default_optimizer, warmup_cosine_sc
 from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_metrics, step_output
 from dspark_lightning.losses import validate_spec
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget
+from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, TeacherStats
 from dspark_lightning.models.anchors import anchor_coverage_counts, evaluation_anchors, sample_anchors
 from dspark_lightning.models.target import TargetHeads
 from dspark_lightning.models.vocab import load_draft_vocab
@@ -164,6 +166,14 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         features = self.target.features(batch["input_ids"], batch["position_ids"])
         return features.context_features, features.final_hidden
 
+    def teacher_stats(self, batch: dict[str, torch.Tensor]) -> TeacherStats | None:
+        """The full-vocabulary logsumexp and argmax per position when the batch carries them (a feature cache of
+        format 2, ``data/cache.py``): the teacher then runs the LM head over the draft rows only. None otherwise
+        (online features, older caches): the full-vocabulary head at the teacher positions (docs/design.md §3.6)."""
+        if TEACHER_STAT_FIELDS[0] not in batch or "final_hidden" not in batch:
+            return None
+        return TeacherStats(*(batch[name] for name in TEACHER_STAT_FIELDS))
+
     def training_anchors(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None):
         cfg = self.drafter_config
         return sample_anchors(
@@ -190,6 +200,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
             context_features,
             final_hidden,
             anchors=anchors,
+            teacher_stats=self.teacher_stats(batch),
         )
         return step_output(out, self.loss_args, self.loss_spec, self.drafter)
 

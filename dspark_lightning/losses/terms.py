@@ -110,17 +110,21 @@ def chunk_terms(
     gradient is that of Σ_c weights[c]·L_c per row (unscaled by row weights); ``logq`` is consumed (reused in place).
     """
     rows = logq.shape[0]
-    d_arg = logq.argmax(-1)
+    d_arg = logq.max(-1).indices  # = argmax (the first maximal index), in one vectorised pass on CPU
     w = {k: weights.get(k, 0.0) for k in LOSS_NAMES}
     values = torch.zeros(len(LOSS_NAMES), rows, dtype=logq.dtype, device=logq.device)
-    t = lp.argmax(-1)
+    t = lp.max(-1).indices
     p = lp.exp()
     q = logq.exp()
     alpha = torch.minimum(p, q).sum(-1)
     values[1] = 1.0 - alpha
     values[2] = -logq.gather(-1, t[:, None]).squeeze(-1)
     if "kl" in weights or "lk_hybrid" in weights:
-        values[0] = torch.special.xlogy(p, p).sum(-1) - torch.linalg.vecdot(p, logq)
+        # Σ p log p as p · lp with −inf clamped to the lowest float (0 · −inf would be NaN; p = 0 there anyway):
+        # the same terms as xlogy(p, p), without a log per element
+        finite_lp = lp.clamp(min=torch.finfo(lp.dtype).min)
+        values[0] = torch.linalg.vecdot(p, finite_lp) - torch.linalg.vecdot(p, logq)
+        del finite_lp
     lam = torch.exp(-lk_eta * alpha) if "lk_hybrid" in weights else None  # α carries no gradient here: sg[α]
     if lam is not None:
         values[6] = lam * values[0] + (1.0 - lam) * values[1]

@@ -8,6 +8,7 @@ from dspark_lightning.models.drafter import DrafterOutput, DSparkDrafter
 from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead, MarkovHeadConfig
 from dspark_lightning.models.target import FrozenTarget, TargetFeatures, load_causal_lm
+from dspark_lightning.models.teacher import TeacherStats
 from dspark_lightning.models.vocab import DraftVocab
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "MarkovHead",
     "MarkovHeadConfig",
     "TargetFeatures",
+    "TeacherStats",
     "default_target_layer_ids",
     "load_causal_lm",
 ]

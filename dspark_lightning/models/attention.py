@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_lightning.models.sparse_attention import GroupedMask, grouped_attention
+
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
 
 
@@ -179,7 +181,8 @@ class DraftAttention(nn.Module):
         """block_hidden [b, Q, H], context [b, S, H] -> [b, Q, H].
 
         ``attn_mask`` comes from ``BlockVisibility.build(backend)``: a dense boolean tensor (SDPA), a FlexAttention
-        ``BlockMask`` (flex), or ``None`` (every query sees every key). With a ``DraftContextCache`` the context
+        ``BlockMask`` (flex), a ``GroupedMask`` (the training forward's dense mask cut into query groups,
+        ``sparse_attention.py``), or ``None`` (every query sees every key). With a ``DraftContextCache`` the context
         keys/values come from it (``context`` and ``context_positions`` are ignored), the last ``window`` of them
         for a sliding layer.
         """
@@ -196,7 +199,9 @@ class DraftAttention(nn.Module):
         # under autocast the fp32 norm weights promote q/k to fp32 while v stays bf16: give all three one dtype
         q, k = q.to(v.dtype), k.to(v.dtype)
         gqa = self.num_heads != self.num_kv_heads
-        if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):  # a FlexAttention BlockMask
+        if isinstance(attn_mask, GroupedMask):  # the training forward's dense mask, group by group
+            out = grouped_attention(q, k, v, attn_mask, gqa)
+        elif attn_mask is not None and not isinstance(attn_mask, torch.Tensor):  # a FlexAttention BlockMask
             from torch.nn.attention.flex_attention import flex_attention
 
             attend = _compiled_flex_attention() if q.device.type == "cuda" else flex_attention

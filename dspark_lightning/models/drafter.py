@@ -9,7 +9,8 @@ Conventions (docs/design.md §3.1, §3.6):
   ``False`` (DFlash): slot k predicts the token at p+k; slot 0 is the bonus token and is never trained
   (``first_trained_slot == 1``), so its row is invalid in every mask.
 - The teacher of the token at position t is the target's distribution from its final hidden state at t-1; the
-  target's LM head runs only at those A*B positions.
+  target's LM head runs only at those A*B positions, and over the draft rows only when the full-vocabulary
+  logsumexp and argmax come with the features (``TeacherStats``, ``models/teacher.py``).
 - The drafter holds the target's input embedding and LM head as frozen submodules (shared objects, not copies);
   a trainer should keep them out of checkpoints because they are re-loaded from the target.
 - Token ids are target ids everywhere outside the output layer; with a ``DraftVocab`` the base logits cover the
@@ -33,7 +34,9 @@ from dspark_lightning.models.confidence import ConfidenceHead
 from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead
+from dspark_lightning.models.sparse_attention import grouped_context
 from dspark_lightning.models.target import rope_theta
+from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, full_vocab_teacher
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
@@ -144,22 +147,31 @@ class DSparkDrafter(nn.Module):
         return self.lm_head(hidden)
 
     def _draft_head_rows(self) -> torch.Tensor:
-        """The target LM head's rows ``d2t``; without autograd (decoding) gathered once per weight version, since
-        the gather copies Vd x H weights and costs a decoding step about as much as the head's matmul itself."""
+        """The target LM head's rows ``d2t``, gathered once per weight version: the gather copies Vd x H weights
+        and costs a decoding step about as much as the head's matmul itself. The head is frozen, so the rows need
+        no graph; a copy made in inference mode (decoding) is made again for training, which cannot use it."""
         weight, d2t = self.lm_head.weight, self.draft_vocab.d2t
-        if torch.is_grad_enabled():  # training: a fresh gather (a cached one may be an inference-mode tensor)
-            return weight[d2t]
         key = (weight.data_ptr(), weight._version, d2t.data_ptr(), d2t._version, weight.device, weight.dtype)
-        if getattr(self, "_head_rows_key", None) != key:
-            self._head_rows, self._head_rows_key = weight[d2t], key
-        return self._head_rows
+        rows = getattr(self, "_head_rows", None)
+        if getattr(self, "_head_rows_key", None) != key or (
+            rows.is_inference() and not torch.is_inference_mode_enabled()
+        ):
+            with torch.no_grad():
+                rows = weight[d2t]
+            self._head_rows, self._head_rows_key = rows, key
+        return rows
 
-    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
+    def confidence_logits(
+        self, hidden: torch.Tensor, prev_tokens: torch.Tensor, prev_embedding: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """``prev_embedding``: W1[prev_tokens] when the caller already looked it up."""
         if self.confidence_head is None:
             return None
         features = hidden
         if self.config.confidence_with_markov:
-            features = torch.cat((hidden, self.markov_head.markov_w1(prev_tokens).to(hidden.dtype)), dim=-1)
+            if prev_embedding is None:
+                prev_embedding = self.markov_head.markov_w1(prev_tokens)
+            features = torch.cat((hidden, prev_embedding.to(hidden.dtype)), dim=-1)
         return self.confidence_head(features)
 
     def _block_embeddings(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
@@ -169,12 +181,15 @@ class DSparkDrafter(nn.Module):
         tokens[..., 0] = anchor_tokens
         return self.embed_tokens(tokens)
 
-    def _run_backbone(self, anchor_tokens, anchor_rotary, context_features, context_positions, visibility):
-        """anchor_tokens/anchor_rotary [b, A] -> draft hidden [b, A, B, H]."""
+    def _run_backbone(
+        self, anchor_tokens, anchor_rotary, context_features, context_positions, visibility, sparse: bool = False
+    ):
+        """anchor_tokens/anchor_rotary [b, A] -> draft hidden [b, A, B, H]. ``sparse`` (the training forward): with
+        a dense mask, each group of blocks attends only to the context stretch it can see, and context positions
+        no block sees are not projected (``sparse_attention.py``; exact)."""
         b, A = anchor_tokens.shape
         B = self.block_size
         block = self._block_embeddings(anchor_tokens).flatten(1, 2)
-        context = self.backbone.fuse_context(context_features.to(block.dtype))
         block_positions = (anchor_rotary[:, :, None] + torch.arange(B, device=block.device)).flatten(1)
         backend = resolve_backend(self.backbone.config.attention_backend, block.device)
         attn_mask = None
@@ -184,6 +199,11 @@ class DSparkDrafter(nn.Module):
             if "sliding_attention" in self.backbone.config.layer_types:  # one more mask, for the sliding layers
                 sliding = dataclasses.replace(visibility, window=window).build(backend)
                 attn_mask = {"full_attention": attn_mask, "sliding_attention": sliding}
+            if sparse and backend == "sdpa":
+                context_features, context_positions, attn_mask = grouped_context(
+                    attn_mask, context_features, context_positions, B
+                )
+        context = self.backbone.fuse_context(context_features.to(block.dtype))
         hidden = self.backbone(block, context, block_positions, context_positions, attn_mask)
         return hidden.view(b, A, B, -1)
 
@@ -199,8 +219,12 @@ class DSparkDrafter(nn.Module):
         anchors: Anchors | None = None,
         generator: torch.Generator | None = None,
         markov_prev: str = "teacher",
+        teacher_stats: TeacherStats | None = None,
     ) -> DrafterOutput:
         """Teacher-forced training forward over a packed batch (shapes in the data package docstring).
+
+        ``teacher_stats``: the full-vocabulary logsumexp and argmax per position of ``final_hidden`` (from a feature
+        cache): the teacher then evaluates the LM head on the draft rows only (docs/design.md §3.6).
 
         ``markov_prev``: what the Markov head reads as each slot's previous token: ``teacher`` (the text, as
         trained) or ``own`` (the drafter's own greedy choice at the slot before, a sequential decode inside the
@@ -225,10 +249,12 @@ class DSparkDrafter(nn.Module):
         anchor_tokens = input_ids.gather(1, p)
         anchor_rotary = position_ids.gather(1, p)
         visibility = block_visibility(anchors, document_ids, B)
-        hidden = self._run_backbone(anchor_tokens, anchor_rotary, context_features, position_ids, visibility)
+        hidden = self._run_backbone(
+            anchor_tokens, anchor_rotary, context_features, position_ids, visibility, sparse=True
+        )
 
         base_logits = self.output_logits(hidden)
-        logits = base_logits
+        logits, prev_embedding = base_logits, None
         if self.markov_head is not None:
             trained = lambda t: cfg.trained_slots(t, dim=2)  # noqa: E731
             if markov_prev == "own":
@@ -236,18 +262,22 @@ class DSparkDrafter(nn.Module):
                 trained(prev_tokens).copy_(
                     self._own_previous(trained(base_logits), trained(hidden), trained(prev_tokens)[:, :, 0])
                 )
+            # W1[prev] looked up once for the head and the confidence features: one dense gradient of W1, not two
+            prev_embedding = self.markov_head.markov_w1(prev_tokens)
             # the head starts at the first drafted slot, as decoding does: in the DFlash convention slot 0 (the
             # bonus token) is never drafted, so it must not advance the rnn head's state either
-            bias = self.markov_head.block_bias(trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1))
+            bias = self.markov_head.block_bias(
+                trained(prev_tokens).flatten(0, 1), trained(hidden).flatten(0, 1), trained(prev_embedding).flatten(0, 1)
+            )
             drafted = trained(base_logits) + bias.view(trained(base_logits).shape).to(base_logits.dtype)
             untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
             logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
-        teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0))
+        teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0), teacher_stats)
         return DrafterOutput(
             logits=logits,
             base_logits=base_logits,
             hidden=hidden,
-            confidence_logits=self.confidence_logits(hidden, prev_tokens),
+            confidence_logits=self.confidence_logits(hidden, prev_tokens, prev_embedding),
             teacher_logprobs=teacher,
             slot_valid=slot_valid,
             prev_tokens=prev_tokens,
@@ -272,20 +302,35 @@ class DSparkDrafter(nn.Module):
         return torch.stack(previous, dim=-1).view(shape[:3])
 
     @torch.no_grad()
-    def teacher_logprobs(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def teacher_logprobs(
+        self, final_hidden: torch.Tensor, positions: torch.Tensor, stats: TeacherStats | None = None
+    ) -> torch.Tensor:
         """Target log-probs of the next token after each of ``positions`` [b, ...], over the draft vocab."""
-        return self.teacher(final_hidden, positions)[0]
+        return self.teacher(final_hidden, positions, stats)[0]
 
     @torch.no_grad()
-    def teacher(self, final_hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``teacher_logprobs``, the target's full-vocabulary argmax as target ids [b, ...]) after ``positions``."""
-        b = final_hidden.shape[0]
-        rows = final_hidden.gather(1, positions.reshape(b, -1, 1).expand(-1, -1, final_hidden.shape[-1]))
-        logprobs = torch.log_softmax(self.lm_head(rows).float(), dim=-1)
-        argmax = logprobs.argmax(-1).view(positions.shape)
-        if self.draft_vocab is not None:
-            logprobs = logprobs[..., self.draft_vocab.d2t]
-        return logprobs.view(*positions.shape, -1), argmax
+    def teacher(
+        self, final_hidden: torch.Tensor, positions: torch.Tensor, stats: TeacherStats | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``teacher_logprobs``, the target's full-vocabulary argmax as target ids [b, ...]) after ``positions``.
+
+        With ``stats`` (per position of ``final_hidden``: the full-vocabulary logsumexp and argmax, as a feature
+        cache stores them) the LM head runs over the draft rows only; without, over the whole vocabulary at the
+        distinct positions (docs/design.md §3.6). Both give log_softmax(lm_head(h))[d2t] and its full argmax.
+        """
+        b, S, H = final_hidden.shape
+        flat = (positions.reshape(b, -1) + S * torch.arange(b, device=positions.device)[:, None]).reshape(-1)
+        unique, inverse = torch.unique(flat, return_inverse=True)  # each position once: neighbouring blocks overlap
+        rows = final_hidden.reshape(b * S, H)[unique]
+        if stats is not None:
+            logsumexp, argmax = stats.take(unique)
+            head = self._draft_head_rows() if self.draft_vocab is not None else self.lm_head.weight
+            logprobs = draft_logprobs(rows, head, logsumexp)
+        else:
+            logprobs, argmax = full_vocab_teacher(rows, self.lm_head.weight, self.d2t)
+        if unique.numel() != flat.numel() or not torch.equal(unique, flat):
+            logprobs, argmax = logprobs[inverse], argmax[inverse]
+        return logprobs.view(*positions.shape, -1), argmax.view(positions.shape)
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()

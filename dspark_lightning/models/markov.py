@@ -94,24 +94,31 @@ class MarkovHead(nn.Module):
             pre = self.gate_proj(hidden)
         return torch.sigmoid(pre) if self.config.gate_activation == "sigmoid" else pre
 
-    def transition_features(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """u(a, h) with bias = W2^T u, shape broadcast(prev[...], hidden[..., H]) + [r]. Not defined for rnn."""
+    def transition_features(
+        self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, prev_embedding: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """u(a, h) with bias = W2^T u, shape broadcast(prev[...], hidden[..., H]) + [r]. Not defined for rnn.
+        ``prev_embedding``: W1[prev_token_ids] when the caller already looked it up."""
         if self.is_path_dependent:
             raise ValueError("the rnn Markov head is path dependent: it has no per-pair transition features")
-        prev_embedding = self.markov_w1(prev_token_ids)
+        if prev_embedding is None:
+            prev_embedding = self.markov_w1(prev_token_ids)
         if self.config.kind == "vanilla":
             return prev_embedding
         return prev_embedding * self.gate(hidden, prev_embedding)
 
     # ------------------------------------------------------------------ biases
-    def block_bias(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced bias for whole blocks: prev [N, B] (target ids), hidden [N, B, H] -> [N, B, Vd]."""
+    def block_bias(
+        self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, prev_embedding: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Teacher-forced bias for whole blocks: prev [N, B] (target ids), hidden [N, B, H] -> [N, B, Vd].
+        ``prev_embedding`` [N, B, r]: W1[prev_token_ids] when the caller already looked it up (vanilla, gated)."""
         if prev_token_ids.shape != hidden.shape[:-1]:
             raise ValueError(
                 f"prev_token_ids {tuple(prev_token_ids.shape)} must match hidden {tuple(hidden.shape)}[:-1]"
             )
         if not self.is_path_dependent:
-            return self.markov_w2(self.transition_features(prev_token_ids, hidden))
+            return self.markov_w2(self.transition_features(prev_token_ids, hidden, prev_embedding))
         state = None
         biases = []
         for slot in range(prev_token_ids.shape[1]):

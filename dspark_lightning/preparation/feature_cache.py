@@ -4,6 +4,11 @@ The format, the size estimate and the reader are ``dspark_lightning.data.cache``
 a model); this module is the half that builds the target, so it sits above both ``data`` and ``models``. Packing is
 exactly the training stream's (``ShareGPTDataModule``, no shuffling, file order), so a cached sample equals the
 online one; the index is rewritten after every finished shard, so rerunning the same command resumes.
+
+Besides the features it stores, per position, the logsumexp and the argmax of the target's logits over its whole
+vocabulary (``models.teacher.full_vocab_stats``), computed from the *stored* final hidden state (after rounding to
+``--dtype``) with the target's LM head in its dtype: the numbers the full-vocabulary teacher would compute from the
+cache, so training from the cache can run the LM head over the draft vocabulary only (docs/design.md §3.6).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dspark_lightning.data.cache import (
     FEATURE_FIELDS,
     INDEX_NAME,
     SHARD_PATTERN,
+    TEACHER_STAT_FIELDS,
     TOKEN_FIELDS,
     bytes_per_sample,
     format_bytes,
@@ -31,6 +37,7 @@ from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, load_causal_lm
+from dspark_lightning.models.teacher import full_vocab_stats
 
 
 def _settings(args: argparse.Namespace, target_layer_ids: list[int]) -> dict[str, Any]:
@@ -85,7 +92,8 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     output = Path(args.output)
     settings = _settings(args, layer_ids)
     per_sample = bytes_per_sample(args.seq_len, config.hidden_size, len(layer_ids), args.dtype)
-    shape = f"S={args.seq_len}, {len(layer_ids)} layers x H={config.hidden_size} + final hidden, {args.dtype}"
+    shape = (f"S={args.seq_len}, {len(layer_ids)} layers x H={config.hidden_size} + final hidden, {args.dtype}, "
+             "+ teacher logsumexp and argmax")  # fmt: skip
     if args.count_pass:
         count = sum(1 for _ in _packed_rows(datamodule, args.num_jobs, args.job_index, args.limit))
         if not count and not datamodule.data_stats("train")["rows"]:
@@ -102,6 +110,8 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     if index_path.exists():
         previous = json.loads(index_path.read_text())
         different = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        if previous.get("format") != CACHE_FORMAT and not previous.get("complete"):
+            different["format"] = (previous.get("format"), CACHE_FORMAT)  # shards without the teacher statistics
         if different:
             raise ValueError(f"{output} holds a cache written with other settings {different}; use a new --output")
         if previous.get("complete"):
@@ -122,7 +132,8 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     input_device = target.embed_tokens.weight.device
     output.mkdir(parents=True, exist_ok=True)
     store_dtype = torch_dtype(args.dtype)
-    pending: dict[str, list[torch.Tensor]] = {name: [] for name in (*TOKEN_FIELDS, *FEATURE_FIELDS)}
+    fields = (*TOKEN_FIELDS, *FEATURE_FIELDS, *TEACHER_STAT_FIELDS)
+    pending: dict[str, list[torch.Tensor]] = {name: [] for name in fields}
 
     def flush_shard() -> None:
         count = sum(t.shape[0] for t in pending["input_ids"])
@@ -143,7 +154,12 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         for key, dtype in TOKEN_FIELDS.items():
             pending[key].append(batch[key].to(dtype))
         pending["context_features"].append(features.context_features.to(store_dtype).cpu())
-        pending["final_hidden"].append(features.final_hidden.to(store_dtype).cpu())
+        final_hidden = features.final_hidden.to(store_dtype)
+        pending["final_hidden"].append(final_hidden.cpu())
+        head = target.lm_head.weight  # from the stored (rounded) state, as training from the cache will read it
+        logsumexp, argmax = full_vocab_stats(final_hidden.to(head.device), head)
+        pending["final_logsumexp"].append(logsumexp.cpu())
+        pending["final_argmax"].append(argmax.to(torch.int32).cpu())
 
     rows: list[dict[str, torch.Tensor]] = []
     in_shard = 0

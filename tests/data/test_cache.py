@@ -10,13 +10,15 @@ import torch
 from helpers.paths import ROOT
 from torch.utils.data import DataLoader
 
+import dspark_lightning.models.drafter as drafter_module
 from dspark_lightning.cli import cli_main
-from dspark_lightning.data.cache import CachedFeatureDataset, bytes_per_sample
+from dspark_lightning.data.cache import CACHE_FORMAT, TEACHER_STAT_FIELDS, CachedFeatureDataset, bytes_per_sample
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.lightning.config import TargetArgs, TrainingArgs
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.models import DrafterConfig
-from dspark_lightning.models.target import FrozenTarget, TargetHeads
+from dspark_lightning.models.target import FrozenTarget, TargetHeads, load_causal_lm
+from dspark_lightning.models.teacher import full_vocab_stats
 
 DEMO_TARGET = str(ROOT / "assets/demo-target")
 TRAIN = str(ROOT / "assets/data/regenerated/train-00000.jsonl")
@@ -76,6 +78,59 @@ def test_cache_trained_loss_equals_online_loss(tmp_path, float32_cache, dtype):
     assert cached.drafter.backbone.fc.weight.grad is not None
 
 
+def test_cache_writer_stores_the_teacher_statistics(float32_cache):
+    """Per position: logsumexp and argmax of the target's logits over its whole vocabulary (format 2)."""
+    index = json.loads((float32_cache / "index.json").read_text())
+    assert index["format"] == CACHE_FORMAT == "dspark-target-cache/2"
+    batch = CachedFeatureDataset(float32_cache, 6).read(range(6))
+    assert batch["final_logsumexp"].dtype == torch.float32 and batch["final_logsumexp"].shape == (6, SEQ_LEN)
+    assert batch["final_argmax"].dtype == torch.long and batch["final_argmax"].shape == (6, SEQ_LEN)
+    head = load_causal_lm(DEMO_TARGET).lm_head.weight.double()
+    logits = batch["final_hidden"].double() @ head.T  # float64, from the stored final hidden state
+    torch.testing.assert_close(batch["final_logsumexp"].double(), torch.logsumexp(logits, -1), rtol=1e-6, atol=1e-5)
+    assert torch.equal(batch["final_argmax"], logits.argmax(-1))
+
+
+def format_1_copy(cache: Path, output: Path) -> Path:
+    """The same samples as a cache written before the teacher statistics existed (format 1)."""
+    from safetensors.torch import load_file, save_file
+
+    output.mkdir()
+    index = json.loads((cache / "index.json").read_text()) | {"format": "dspark-target-cache/1"}
+    for shard in index["shards"]:
+        tensors = load_file(str(cache / shard["file"]))
+        save_file({k: v for k, v in tensors.items() if k not in TEACHER_STAT_FIELDS}, str(output / shard["file"]))
+    (output / "index.json").write_text(json.dumps(index))
+    return output
+
+
+def test_format_1_cache_trains_through_the_full_vocabulary_teacher(tmp_path, float32_cache, monkeypatch):
+    from safetensors.torch import save_file
+
+    old = format_1_copy(float32_cache, tmp_path / "format1")
+    assert not CachedFeatureDataset([old, float32_cache], 2).teacher_stats  # a mixed list falls back too
+    vocab = tmp_path / "draft_vocab.safetensors"
+    save_file({"d2t": torch.arange(0, 2048, 4)}, str(vocab))  # Vd = V / 4
+    mask_token_id = ShareGPTDataModule(tokenizer=DEMO_TARGET).mask_token_id
+    drafter = DrafterConfig(mask_token_id=mask_token_id, max_anchors=8, draft_vocab=str(vocab))
+    module = DSparkModule(TargetArgs(DEMO_TARGET, features="cache"), drafter)
+    results = {}
+    for name, cache in (("format 1", old), ("format 2", float32_cache)):
+        batch = next(iter(CachedFeatureDataset(cache, batch_size=2)))
+        assert (TEACHER_STAT_FIELDS[0] in batch) == (name == "format 2")
+        if name == "format 2":  # the LM head runs over the draft rows only
+            monkeypatch.setattr(drafter_module, "full_vocab_teacher", None)
+        module.zero_grad(set_to_none=True)
+        loss = module.shared_step(batch, torch.Generator().manual_seed(3)).loss
+        loss.backward()
+        results[name] = loss.detach(), {n: p.grad for n, p in module.drafter.named_parameters() if p.grad is not None}
+    (loss_1, grads_1), (loss_2, grads_2) = results.values()
+    torch.testing.assert_close(loss_2, loss_1, rtol=1e-5, atol=1e-6)
+    assert grads_1.keys() == grads_2.keys() and grads_1
+    for name, grad in grads_2.items():
+        torch.testing.assert_close(grad, grads_1[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_cache_reader_shards_disjointly_across_two_ranks_and_workers(float32_cache):
     everything = set(range(6))
     for shuffle in (False, True):
@@ -107,6 +162,12 @@ def test_cache_writer_estimates_size_and_resumes(tmp_path, capsys):
     assert f"size estimate: 6 packed samples x {per_sample / 1024:.1f} KiB" in printed
     shard_bytes = sum((output / s["file"]).stat().st_size for s in index["shards"])
     assert 6 * per_sample <= shard_bytes < 6 * per_sample + 8192  # estimate = data; headers are small
+    assert bytes_per_sample(SEQ_LEN, 128, 1, "bfloat16", teacher_stats=False) == per_sample - 8 * SEQ_LEN
+    stored = CachedFeatureDataset(output, 6).read(range(6))  # statistics of the stored (bf16-rounded) final hidden
+    head = TargetHeads.from_pretrained(DEMO_TARGET).lm_head.weight
+    logsumexp, argmax = full_vocab_stats(stored["final_hidden"], head)
+    torch.testing.assert_close(stored["final_logsumexp"], logsumexp, rtol=1e-6, atol=1e-6)
+    assert torch.equal(stored["final_argmax"], argmax)
     assert [s["num_samples"] for s in index["shards"]] == [4, 2] and index["complete"]
     reference = CachedFeatureDataset(output, 6).read(range(6))
 
