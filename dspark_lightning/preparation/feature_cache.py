@@ -38,6 +38,7 @@ from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, load_causal_lm
 from dspark_lightning.models.teacher import full_vocab_stats
+from dspark_lightning.progress import progress_bar
 
 
 def _settings(args: argparse.Namespace, target_layer_ids: list[int]) -> dict[str, Any]:
@@ -163,19 +164,23 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
 
     rows: list[dict[str, torch.Tensor]] = []
     in_shard = 0
-    for position, row in enumerate(_packed_rows(datamodule, args.num_jobs, args.job_index, args.limit)):
-        if position < done:
-            continue  # written by an earlier, interrupted run
-        rows.append(row)
-        in_shard += 1
-        if len(rows) == args.batch_size or in_shard == args.shard_size:
+    remaining = count - done if args.count_pass else None  # samples still to write (unknown without the count pass)
+    with progress_bar("cache", remaining, "samples") as advance:
+        for position, row in enumerate(_packed_rows(datamodule, args.num_jobs, args.job_index, args.limit)):
+            if position < done:
+                continue  # written by an earlier, interrupted run
+            rows.append(row)
+            in_shard += 1
+            if len(rows) == args.batch_size or in_shard == args.shard_size:
+                run_batch(rows)
+                advance(len(rows))
+                rows = []
+            if in_shard == args.shard_size:
+                flush_shard()
+                in_shard = 0
+        if rows:
             run_batch(rows)
-            rows = []
-        if in_shard == args.shard_size:
-            flush_shard()
-            in_shard = 0
-    if rows:
-        run_batch(rows)
+            advance(len(rows))
     flush_shard()
     if not sum(s["num_samples"] for s in index["shards"]):  # an empty cache would only fail later, in fit
         raise NoTrainableDataError(datamodule.no_rows_message("train"))

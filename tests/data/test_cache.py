@@ -219,3 +219,9 @@ def test_fit_from_cache_with_the_cli(tmp_path):
     assert float(metrics["val/tau"]) >= 1.0
     with pytest.raises(ValueError, match="target layers"):
         cli_main(["validate", *args, "--model.drafter.target_layer_ids=[1]"])
+
+
+def test_cache_shows_progress_with_an_eta(tmp_path, capsys):
+    write_cache(tmp_path / "progress", TRAIN, 6)
+    err = capsys.readouterr().err
+    assert "cache" in err and "6/6" in err and "samples" in err and "ETA" in err  # rich draws it once off a terminal
