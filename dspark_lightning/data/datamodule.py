@@ -191,10 +191,11 @@ class ShareGPTDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         self.check_sources(stage)
 
-    def check_sources(self, stage: str, configured_only: bool = False) -> None:
+    def check_sources(self, stage: str, configured_only: bool = False, options: dict[str, str] | None = None) -> None:
         """Sniff every local data file this stage reads (layout, encoding) and validate a sample of its records,
         before the first step; the CLI also runs it before the model (and its target) is built, ``configured_only``
-        (a split without files is left to ``setup``, after the model's own option checks)."""
+        (a split without files is left to ``setup``, after the model's own option checks). ``options`` renames the
+        option an error names per split (a command's own ``--data``)."""
         splits = {"fit": ("train", "validation"), "validate": ("validation",), "test": ("test",)}.get(stage, ())
         for split in splits:
             if self.cache_for(split) is not None or (split == "validation" and stage == "fit" and not self.val_files):
@@ -204,6 +205,7 @@ class ShareGPTDataModule(L.LightningDataModule):
             source = self._source(split)
             if not source.is_hub:
                 option = {"train": "data.train_files", "validation": "data.val_files", "test": "data.test_files"}
+                option |= options or {}
                 preflight_data_files(source.files, option[split], self.max_record_bytes)
 
     def teardown(self, stage: str) -> None:

@@ -108,7 +108,7 @@ def _supervised_counts(
         tokenizer, train_files=data, seq_len=seq_len, batch_size=batch_size, shuffle_buffer=0, block_size=0,
         **data_options,
     )  # fmt: skip
-    dm.setup("fit")  # every data file sniffed before counting
+    dm.check_sources("fit", options={"train": option})  # every data file sniffed before counting, named as given
     V = vocab_size or verifier_vocab_size(tokenizer, dm.tokenizer, data_options.get("trust_remote_code", False))
     loader = dm.train_dataloader(rank=0, world_size=1)
     counts = count_tokens(loader if max_rows is None else _limit_rows(loader, max_rows), V)

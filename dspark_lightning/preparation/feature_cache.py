@@ -89,7 +89,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         trust_remote_code=args.trust_remote_code,
         chat_template_kwargs=args.chat_template_kwargs,
     )
-    datamodule.setup("fit")  # every data file sniffed before the target is loaded
+    datamodule.check_sources("fit", options={"train": "--data"})  # every data file sniffed before the target loads
     output = Path(args.output)
     settings = _settings(args, layer_ids)
     per_sample = bytes_per_sample(args.seq_len, config.hidden_size, len(layer_ids), args.dtype)

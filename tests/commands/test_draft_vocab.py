@@ -123,7 +123,7 @@ def test_held_out_coverage_is_measured_on_data_the_selection_never_saw(tmp_path,
     assert "held-out coverage" in capsys.readouterr().out
     no_reply = tmp_path / "no_reply.jsonl"  # nothing to count: the error names the file and why
     no_reply.write_text(json.dumps({"id": "n", "conversations": [{"from": "human", "value": "Hi"}]}) + "\n")
-    with pytest.raises(ValueError, match=r"no_assistant_turn: 1.*no_reply\.jsonl"):
+    with pytest.raises(ValueError, match=r"(?s)--held_out.*no_reply\.jsonl: no_assistant_turn x1 \(first at line 1\)"):
         cli_main([*base, "--output", str(tmp_path / "c.safetensors"), "--held_out", str(no_reply)])
 
 
