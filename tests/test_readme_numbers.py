@@ -548,8 +548,44 @@ def vocab(key: str) -> Callable[[], str]:
 # Paragraphs (by their opening words) that quote a raw file.
 # fmt: off
 TRAINING_STEP = "benchmarks/results/training_step.json"
+EVAL_SETS = "reports/smollm2_eval_sets/results.json"
+
+
+def eval_set(name: str, cost_model: bool, key: str, index: int | None = None, spec: str = ".3f"):
+    """A thunk: ``key`` (or its ``index``-th bound) of one eval set's row in the eval-set report, formatted."""
+
+    def value():
+        (row,) = [
+            r for r in load_json(EVAL_SETS)["eval_sets"]
+            if r["eval_set"] == name and (r["threshold"] is not None) == cost_model
+        ]  # fmt: skip
+        return fmt(row[key] if index is None else row[key][index], spec)
+
+    return value
 
 PROSE = {
+    "**Measured on the evaluation sets**": Figures(
+        claims=[
+            ("tau **{}**\n[{}, {}] on {} held-out ShareGPT V3 prompts × {} tokens",
+             eval_set("sharegpt_heldout", False, "measured_tau"),
+             eval_set("sharegpt_heldout", False, "measured_tau_ci", 0),
+             eval_set("sharegpt_heldout", False, "measured_tau_ci", 1),
+             eval_set("sharegpt_heldout", False, "num_prompts", spec=".0f"),
+             eval_set("sharegpt_heldout", False, "max_new_tokens", spec=".0f")),
+            ("**{}** [{}, {}] on {} HumanEval problems", eval_set("humaneval", False, "measured_tau"),
+             eval_set("humaneval", False, "measured_tau_ci", 0), eval_set("humaneval", False, "measured_tau_ci", 1),
+             eval_set("humaneval", False, "num_prompts", spec=".0f")),
+            ("{}× [{}, {}] and {}× [{}, {}] with whole blocks", eval_set("sharegpt_heldout", False, "speedup"),
+             eval_set("sharegpt_heldout", False, "speedup_ci", 0), eval_set("sharegpt_heldout", False, "speedup_ci", 1),
+             eval_set("humaneval", False, "speedup"), eval_set("humaneval", False, "speedup_ci", 0),
+             eval_set("humaneval", False, "speedup_ci", 1)),
+            ("{}× and\n{}× with the cost-model schedule", eval_set("sharegpt_heldout", True, "speedup"),
+             eval_set("humaneval", True, "speedup")),
+            ("the {} of the report's", lambda: fmt(next(r for r in load_json("reports/smollm2/results.json")["rows"]
+                                                     if r["head"] == "gated")["measured_tau"], ".3f")),
+        ],
+        context=["1,200-step", "95%", "8 prompts × 64 tokens", "#28", "above 1", "≥ 2.0", "≥ 2.5", "V3"],
+    ),
     "**A cheaper training step.**": Figures(
         claims=[
             ("a step now trains {} tokens/s against {} before: **{}×**",
