@@ -229,8 +229,10 @@ def ours_worker(config_path: str) -> None:
 class Worker:
     """A warm worker process speaking the ``@@ json`` line protocol."""
 
-    def __init__(self, name: str, command: list[str], threads: int, log_path: Path, cwd: Path) -> None:
-        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    def __init__(
+        self, name: str, command: list[str], threads: int, log_path: Path, cwd: Path, env: dict | None = None
+    ) -> None:
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} | (env or {})
         env.setdefault("PYTHONPATH", str(ROOT))
         self.name, self.log_path = name, log_path
         self.log = open(log_path, "w")
@@ -248,17 +250,21 @@ class Worker:
         tail = " | ".join(self.log_path.read_text().strip().splitlines()[-4:])
         raise RuntimeError(f"{self.name} worker exited with {self.proc.returncode}: {tail}")
 
-    def run(self, steps: int) -> dict:
-        self.proc.stdin.write(f"run {steps}\n")
+    def ask(self, command: str) -> dict:
+        """Send one command line and read its ``@@`` answer."""
+        self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
         return self.read()
+
+    def run(self, steps: int) -> dict:
+        return self.ask(f"run {steps}")
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write("quit\n")
                 self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()

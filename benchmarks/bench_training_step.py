@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from benchmarks._training_step_worker import Side
+from benchmarks.bench_train_step import Worker as LineWorker
 from benchmarks.training_step_inputs import (
     cache_copies,
     export_revision,
@@ -74,45 +75,16 @@ COLUMNS = ["side", "revision", "tokens_per_second", "step_ms", "step_min_ms", "f
 
 
 # ------------------------------------------------------------------------------------------------ workers
-class Worker:
-    """A warm worker process speaking the ``@@ json`` line protocol of ``_training_step_worker.py``."""
+class Worker(LineWorker):
+    """A warm worker process of ``_training_step_worker.py`` (the ``@@ json`` line protocol of ``bench_train_step``),
+    importing the package from ``pythonpath`` (a side's tree)."""
 
     def __init__(self, name: str, config: dict, pythonpath: list[Path], workdir: Path, threads: int) -> None:
         (workdir / f"{name}.json").write_text(json.dumps(config))
-        env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
-        self.name, self.log_path = name, workdir / f"{name}.log"
-        self.log = open(self.log_path, "w")
+        env = {"WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
         command = [sys.executable, str(WORKER), str(workdir / f"{name}.json")]
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=workdir
-        )
+        super().__init__(name, command, threads, workdir / f"{name}.log", workdir, env)
         self.ready: dict = {}
-
-    def read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith("@@ "):
-                return json.loads(line[3:])
-        self.proc.wait()
-        self.log.flush()
-        tail = " | ".join(self.log_path.read_text().strip().splitlines()[-4:])
-        raise RuntimeError(f"{self.name} worker exited with {self.proc.returncode}: {tail}")
-
-    def ask(self, command: str) -> dict:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 def _ms(step: dict) -> float:
