@@ -1,0 +1,165 @@
+"""Collect a training study's measured points into a report: results.json, results.csv, table.md, a plot.
+
+    python scripts/study_report.py --study_dir study/smollm2 --output reports/smollm2_study
+
+A point is a checkpoint ``<study_dir>/<run>/step=<N>.ckpt`` with its ``step=<N>.decode.json`` (``decode --eval_sets
+... --baseline false --json``, as ``reports/smollm2_study/run.sh`` writes them). What each point trained with is read
+from the checkpoint itself (drafter layers and anchors, learning rate, training caches, seed), never typed here; the
+conversations it saw are the ``records`` of each training cache's ``index.json``; CPU seconds per step come from the
+modification times of the run's consecutive checkpoints (a run's length is its last checkpoint's step) (both under the same load, which the report states).
+
+The extrapolation fits measured tau = a + b * log10(training tokens) per evaluation set by least squares over the
+points of the base configuration (every run whose only difference from ``base`` is its length) and solves it for the
+tau targets: what a target would cost at this configuration, if the trend held (a trend over less than a decade).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+SETTINGS = ("num_layers", "max_anchors", "lr", "conversations", "max_steps")  # what tells two runs' configs apart
+TARGETS = {"sharegpt_heldout": 2.0, "humaneval": 2.5}  # issue #28's measured-tau targets per eval set
+
+
+def checkpoint_settings(ckpt: Path) -> dict:
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    drafter = state["hyper_parameters"]["drafter"]
+    data = state["datamodule_hyper_parameters"]
+    caches = data["train_cache"] if isinstance(data["train_cache"], list) else [data["train_cache"]]
+    records = sum(json.loads((Path(c) / "index.json").read_text())["data_stats"]["records"] for c in caches)
+    group = state["optimizer_states"][0]["param_groups"][0]
+    return dict(
+        num_layers=drafter["num_layers"], max_anchors=drafter["max_anchors"], block_size=drafter["block_size"],
+        markov_head=drafter["markov_head"]["kind"], lr=group.get("initial_lr", group["lr"]), conversations=records,
+        seq_len=data["seq_len"], batch_size=data["batch_size"],
+    )  # fmt: skip
+
+
+def collect(study_dir: Path) -> list[dict]:
+    points = []
+    for decode_json in sorted(study_dir.glob("*/step=*.decode.json")):
+        run, step = decode_json.parent.name, int(re.search(r"step=(\d+)", decode_json.name)[1])
+        ckpt = decode_json.with_name(f"step={step}.ckpt")
+        settings = checkpoint_settings(ckpt)
+        ckpts = sorted(decode_json.parent.glob("step=*.ckpt"), key=lambda p: int(re.search(r"\d+", p.name)[0]))
+        times = [(int(re.search(r"\d+", p.name)[0]), p.stat().st_mtime) for p in ckpts]
+        per_step = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(times, times[1:], strict=False)]
+        for row in json.loads(decode_json.read_text()):
+            points.append(dict(
+                run=run, step=step, max_steps=times[-1][0], **settings,
+                training_tokens=step * settings["batch_size"] * settings["seq_len"],
+                seconds_per_step=sum(per_step) / len(per_step) if per_step else None,
+                eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
+                max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
+                measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
+            ))  # fmt: skip
+    return points
+
+
+def base_points(points: list[dict]) -> list[dict]:
+    """Points whose run differs from ``base`` at most in its length (max_steps)."""
+    base = next((p for p in points if p["run"] == "base"), None)
+    if base is None:
+        return []
+    same = [k for k in SETTINGS if k != "max_steps"]
+    return [p for p in points if all(p[k] == base[k] for k in same)]
+
+
+def extrapolate(points: list[dict]) -> dict:
+    out = {}
+    for eval_set, target in TARGETS.items():
+        pts = [p for p in base_points(points) if p["eval_set"] == eval_set]
+        xs, ys = [math.log10(p["training_tokens"]) for p in pts], [p["measured_tau"] for p in pts]
+        if len(set(xs)) < 2:
+            continue
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        a = my - b * mx
+        tokens = 10 ** ((target - a) / b) if b > 0 else None
+        per_step = [p["seconds_per_step"] for p in pts if p["seconds_per_step"]]
+        seconds = (
+            tokens / (pts[0]["seq_len"] * pts[0]["batch_size"]) * (sum(per_step) / len(per_step))
+            if tokens and per_step
+            else None
+        )
+        out[eval_set] = dict(
+            target_tau=target, intercept=a, slope_per_decade=b, points=len(pts), tokens_for_target=tokens,
+            cpu_hours_for_target=seconds / 3600 if seconds else None,
+        )  # fmt: skip
+    return out
+
+
+def table(points: list[dict]) -> str:
+    lines = [
+        "| run | step | training tokens | layers | anchors | lr | conversations | s/step | eval set | prompts "
+        "| measured tau [95% CI] |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for p in points:
+        lo, hi = p["measured_tau_ci"]
+        sps = f"{p['seconds_per_step']:.2f}" if p["seconds_per_step"] else "-"
+        lines.append(
+            f"| {p['run']} | {p['step']} | {p['training_tokens']:,} | {p['num_layers']} | {p['max_anchors']} "
+            f"| {p['lr']:g} | {p['conversations']:,} | {sps} | {p['eval_set']} | {p['num_prompts']} "
+            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[dict], path: Path) -> None:
+    sets = sorted({p["eval_set"] for p in points})
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), sharey=True, squeeze=False)
+    base = {id(p) for p in base_points(points)}
+    for ax, eval_set in zip(axes[0], sets, strict=True):
+        runs = sorted({p["run"] for p in points if p["eval_set"] == eval_set})
+        for run in runs:
+            pts = sorted((p for p in points if p["eval_set"] == eval_set and p["run"] == run), key=lambda p: p["step"])
+            xs, ys = [p["training_tokens"] for p in pts], [p["measured_tau"] for p in pts]
+            err = [[y - p["measured_tau_ci"][0] for p, y in zip(pts, ys, strict=True)],
+                   [p["measured_tau_ci"][1] - y for p, y in zip(pts, ys, strict=True)]]  # fmt: skip
+            style = "-o" if id(pts[0]) in base else "s"
+            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=run)
+        ax.axhline(TARGETS.get(eval_set, float("nan")), ls="--", color="gray", label="issue #28 target")
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens seen (packed 1,024-token rows x steps)")
+        ax.set_title(eval_set)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("measured tau (95% CI over prompts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study_dir", required=True)
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args()
+    points = collect(Path(args.study_dir))
+    if not points:
+        raise SystemExit(f"no step=N.decode.json next to a step=N.ckpt under {args.study_dir}")
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    results = dict(points=points, extrapolation=extrapolate(points))
+    (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    columns = [k for k in points[0] if k not in ("acceptance_per_slot", "measured_tau_ci")]
+    with open(output / "results.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*columns, "tau_ci_low", "tau_ci_high"])
+        writer.writerows([*(p[k] for k in columns), *p["measured_tau_ci"]] for p in points)
+    (output / "table.md").write_text(table(points))
+    plot(points, output / "tau_vs_training_tokens.png")
+    print(table(points))
+    print(json.dumps(results["extrapolation"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""scripts/study_report.py: which points are the base configuration, and the tau-vs-tokens extrapolation."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+from helpers.paths import ROOT
+
+spec = importlib.util.spec_from_file_location("study_report", ROOT / "scripts" / "study_report.py")
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def point(run, step, tau, eval_set="sharegpt_heldout", max_steps=600, **settings):
+    config = dict(num_layers=1, max_anchors=32, lr=1e-3, conversations=1284) | settings
+    return dict(
+        run=run, step=step, max_steps=max_steps, **config, seq_len=1024, batch_size=1, training_tokens=step * 1024,
+        seconds_per_step=0.5, eval_set=eval_set, num_prompts=16, measured_tau=tau, measured_tau_ci=[tau - 0.1, tau + 0.1],
+    )  # fmt: skip
+
+
+POINTS = [
+    point("base", 300, 1.20),
+    point("base", 600, 1.31),
+    point("base1200", 900, 1.36, max_steps=1200),
+    point("base1200", 1200, 1.40, max_steps=1200),
+    point("anchors128", 600, 1.50, max_anchors=128),  # another configuration: not on the base trend
+    point("data3000", 600, 1.33, conversations=3000),
+    point("base", 600, 1.25, eval_set="humaneval"),
+]
+
+
+def test_base_points_are_the_runs_that_differ_from_base_only_in_length():
+    assert [(p["run"], p["step"], p["eval_set"]) for p in report.base_points(POINTS)] == [
+        ("base", 300, "sharegpt_heldout"), ("base", 600, "sharegpt_heldout"),
+        ("base1200", 900, "sharegpt_heldout"), ("base1200", 1200, "sharegpt_heldout"), ("base", 600, "humaneval"),
+    ]  # fmt: skip
+
+
+def test_extrapolation_is_the_least_squares_line_in_log_tokens_solved_for_the_target():
+    fit = report.extrapolate(POINTS)
+    base = [p for p in POINTS[:4]]
+    slope, intercept = np.polyfit(
+        [math.log10(p["training_tokens"]) for p in base], [p["measured_tau"] for p in base], 1
+    )
+    got = fit["sharegpt_heldout"]
+    assert got["slope_per_decade"] == pytest.approx(slope) and got["intercept"] == pytest.approx(intercept)
+    tokens = 10 ** ((2.0 - intercept) / slope)
+    assert got["tokens_for_target"] == pytest.approx(tokens)
+    assert got["cpu_hours_for_target"] == pytest.approx(tokens / 1024 * 0.5 / 3600)
+    assert "humaneval" not in fit  # one point: no line
+
+
+def test_table_and_plot(tmp_path):
+    text = report.table(POINTS)
+    assert (
+        "| anchors128 | 600 | 614,400 | 1 | 128 | 0.001 | 1,284 | 0.50 | sharegpt_heldout | 16 | 1.500 [1.400, 1.600] |"
+        in text
+    )
+    report.plot(POINTS, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
