@@ -2,10 +2,14 @@
 
     python scripts/eval_set_report.py --decode_json runs/x/decode.json --output reports/NAME \
         --title "..." --fit_command "..." --measure_command "..."
+    python scripts/eval_set_report.py --decode_json none=a.json --decode_json gated=b.json ...   # one row per head
 
 Writes ``results.json`` (the commands and, per evaluation set and schedule, ``eval_set``, ``measured_tau``,
 ``measured_tau_ci``, ``speedup``, ``speedup_ci``, the acceptance per slot and every prompt's raw counts and seconds)
-and ``table.md`` (the table the report's README quotes), so the quoted numbers are generated, never typed.
+and ``table.md`` (the table the report's README quotes), so the quoted numbers are generated, never typed. Given as
+``HEAD=PATH``, each file's rows also carry ``head``. Rows timed against ``generate`` get ``break_even_tau``: the
+measured seconds per speculative step over the baseline's seconds per token (both totals over the prompts, prompt
+forward included), the tau at which this step cost would match ``generate``.
 """
 
 from __future__ import annotations
@@ -25,32 +29,54 @@ def schedule(row: dict) -> str:
     return "cost model" if isinstance(row["threshold"], list | tuple) else "whole blocks"
 
 
+def break_even_tau(row: dict) -> float | None:
+    records = [r for r in row.get("prompt_records") or [] if r.get("baseline_seconds") is not None]
+    if not records:
+        return None
+    step_seconds = sum(r["speculative_seconds"] for r in records) / sum(r["target_forwards"] for r in records)
+    token_seconds = sum(r["baseline_seconds"] for r in records) / sum(r["emitted_tokens"] for r in records)
+    return step_seconds / token_seconds
+
+
 def table(rows: list[dict]) -> str:
+    heads = any("head" in r for r in rows)
     lines = [
-        "| eval set | mode | schedule | prompts | measured tau [95% CI] | speedup vs `generate` [95% CI] "
-        "| drafts verified per step | outputs equal |",
-        "|---|---|---|---:|---|---|---:|---|",
+        ("| head " if heads else "")
+        + "| eval set | mode | schedule | prompts | measured tau [95% CI] | speedup vs `generate` [95% CI] "
+        "| break-even tau | drafts verified per step | outputs equal |",
+        ("|---" if heads else "") + "|---|---|---|---:|---|---|---:|---:|---|",
     ]
     for r in rows:
         tau_lo, tau_hi = r["measured_tau_ci"]
         sp_lo, sp_hi = r["speedup_ci"]
         lines.append(
-            f"| {r['eval_set']} | {r['mode']} | {schedule(r)} | {r['num_prompts']} "
+            (f"| {r['head']} " if heads else "")
+            + f"| {r['eval_set']} | {r['mode']} | {schedule(r)} | {r['num_prompts']} "
             f"| {r['measured_tau']:.3f} [{tau_lo:.3f}, {tau_hi:.3f}] | {r['speedup']:.3f}x [{sp_lo:.3f}, {sp_hi:.3f}] "
-            f"| {r['mean_verified']:.2f} | {'yes' if r['outputs_equal'] else 'NO'} |"
+            f"| {r['break_even_tau']:.2f} | {r['mean_verified']:.2f} | {'yes' if r['outputs_equal'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def read_rows(spec: str) -> list[dict]:
+    """The rows of one ``decode --json`` file, ``PATH`` or ``HEAD=PATH`` (then each row carries ``head``)."""
+    head, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    rows = []
+    for r in json.loads(Path(path).read_text()):
+        row = ({"head": head} if head else {}) | {k: r.get(k) for k in KEYS}
+        rows.append(row | {"break_even_tau": break_even_tau(row)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--decode_json", required=True)
+    parser.add_argument("--decode_json", required=True, action="append", help="PATH or HEAD=PATH, repeatable")
     parser.add_argument("--output", required=True)
     parser.add_argument("--title", required=True)
     parser.add_argument("--fit_command", required=True)
     parser.add_argument("--measure_command", required=True)
     args = parser.parse_args()
-    rows = [{k: r.get(k) for k in KEYS} for r in json.loads(Path(args.decode_json).read_text())]
+    rows = [row for spec in args.decode_json for row in read_rows(spec)]
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     results = dict(title=args.title, fit_command=args.fit_command, measure_command=args.measure_command, eval_sets=rows)
