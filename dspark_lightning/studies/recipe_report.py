@@ -27,8 +27,8 @@ import torch
 from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json, read_checkpoint
+from dspark_lightning.data.eval_sets import EvalSetName
 from dspark_lightning.decoding import measure_speedup, measure_verify_cost
-from dspark_lightning.evaluation.decode_command import EvalSetName
 from dspark_lightning.evaluation.eval_set_decoding import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
