@@ -141,6 +141,24 @@ def datamodule_prompt_ids(
     return prompt_token_ids(eval_set, data.tokenizer, data.chat_template_kwargs)
 
 
+def check_eval_sets(
+    names: Sequence[str], *, limit: int | None = None, heldout_files: str | Sequence[str] | None = None
+) -> None:
+    """Before a long run: what can be checked without the run's tokenizer. The names, ``humaneval`` read whole, and
+    that ``sharegpt_heldout``'s ``heldout_files`` exist when given (its prompts are chosen by token length, so a
+    malformed file is found when the run loads it, with the same error naming the set and the file)."""
+    for name in names:
+        if name not in EVAL_SETS:
+            raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}")
+        if name == "humaneval":
+            load_eval_set(name, limit=limit)
+        elif heldout_files:
+            try:
+                resolve_source(heldout_files, default_split="validation")
+            except (OSError, ValueError) as error:
+                raise EvalSetError(f"eval set {name!r}: cannot read heldout_files={heldout_files!r}: {error}") from None
+
+
 def load_eval_set(
     name: str,
     *,
