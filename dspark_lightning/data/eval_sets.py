@@ -135,9 +135,15 @@ def datamodule_prompt_ids(
         raise EvalSetError(
             "eval set 'sharegpt_heldout' needs heldout_files (--heldout_files): the data module has no val_files"
         )
-    eval_set = load_eval_set(
-        name, limit=limit, val_files=files, id_split=split, encoder=data.encoder, max_prompt_tokens=data.seq_len
-    )
+    try:
+        eval_set = load_eval_set(
+            name, limit=limit, val_files=files, id_split=split, encoder=data.encoder, max_prompt_tokens=data.seq_len
+        )
+    except EvalSetError as error:
+        if name != "sharegpt_heldout":
+            raise
+        given = "heldout_files" if heldout_files else "data.val_files (heldout_files not given)"
+        raise EvalSetError(f"{error} [the files of {given}]") from None
     return prompt_token_ids(eval_set, data.tokenizer, data.chat_template_kwargs)
 
 

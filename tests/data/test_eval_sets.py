@@ -201,6 +201,11 @@ def test_a_data_modules_prompts_default_to_its_val_files_and_split(tokenizer):
     assert {half.split_of(i) for i in other.ids} == {"validation"} and len(other) == 3
     given = datamodule_prompt_ids(data, "sharegpt_heldout", 3, str(VALIDATION[0]), {"validation": 0.5})
     assert given == prompt_token_ids(other, tokenizer)
+    data.val_files = "/nonexistent/validation.jsonl"  # an error names the set, the file and where it came from
+    with pytest.raises(
+        EvalSetError, match=r"'sharegpt_heldout'.*/nonexistent/validation.jsonl.*data.val_files \(heldout"
+    ):
+        datamodule_prompt_ids(data, "sharegpt_heldout", 3)
     data.val_files = None
     with pytest.raises(EvalSetError, match="'sharegpt_heldout' needs heldout_files .*no val_files"):
         datamodule_prompt_ids(data, "sharegpt_heldout", 3)

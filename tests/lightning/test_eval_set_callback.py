@@ -101,7 +101,9 @@ def test_callback_logs_each_sets_tau_with_an_interval_that_brackets_it(tmp_path,
 def test_missing_or_malformed_eval_sets_fail_before_training_naming_set_and_file(tmp_path, monkeypatch):
     missing = tmp_path / "heldout.jsonl"
     decode = {"modes": ["markov"], "eval_sets": ["sharegpt_heldout"], "heldout_files": str(missing)}
-    with pytest.raises(EvalSetError, match=f"eval set 'sharegpt_heldout': cannot read val_files=.*{missing}"):
+    with pytest.raises(
+        EvalSetError, match=f"eval set 'sharegpt_heldout': cannot read .*{missing}.*the files of heldout_files"
+    ):
         cli_main(fit_args(tmp_path, decode))
     assert not (tmp_path / "run/version_0/checkpoints").exists()  # not one training step
     garbled = tmp_path / "HumanEval.jsonl"
