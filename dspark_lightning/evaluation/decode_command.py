@@ -21,6 +21,7 @@ from typing import Literal
 from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_number_type
 
 from dspark_lightning.checks import dumps_json
+from dspark_lightning.data.eval_sets import EvalSetName
 from dspark_lightning.data.prompts import prompt_messages
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
@@ -43,7 +44,6 @@ from dspark_lightning.evaluation.loading import load_trained
 # jsonargparse checks these at parse time, naming the option and the restriction (nan fails every comparison)
 Temperature = restricted_number_type("FiniteNonNegativeFloat", float, [(">=", 0), ("<", math.inf)])
 Mode = Literal["parallel", "markov", "selector"]
-EvalSetName = Literal["sharegpt_heldout", "humaneval"]  # data/eval_sets.py EVAL_SETS
 
 
 def decode_command(

@@ -7,30 +7,11 @@ HumanEval problems); each (set, mode, schedule) row is a ``decode_table`` row pl
 
 from __future__ import annotations
 
-from dspark_lightning.data.eval_sets import load_eval_set, prompt_token_ids
-from dspark_lightning.data.splits import IdSplit
+from dspark_lightning.data.eval_sets import datamodule_prompt_ids
 from dspark_lightning.decoding.eval_report import summarize_eval_set
 from dspark_lightning.evaluation.decode_tables import decode_plan, decode_table, schedule_label
 
 DEFAULT_MAX_NEW_TOKENS = 128  # at least 128 new tokens: 64 leaves too few verify steps per prompt to steer by
-
-
-def eval_set_prompts(
-    data, name: str, limit: int | None, heldout_files: str | None, heldout_split: dict[str, float] | None
-) -> list[list[int]]:
-    """Token ids of eval set ``name``'s prompts, in the checkpoint's chat template (``data`` is its data module).
-
-    ``sharegpt_heldout`` reads ``heldout_files`` (default: the data module's ``val_files``) and keeps only what
-    ``heldout_split`` (default: the data module's ``split_by_id``) assigns to validation, prompts under ``seq_len``.
-    """
-    split = IdSplit.from_fractions(heldout_split) if heldout_split else data.id_split
-    files = heldout_files or data.val_files
-    if name == "sharegpt_heldout" and not files:
-        raise ValueError("eval set 'sharegpt_heldout' needs --heldout_files (the checkpoint has no data.val_files)")
-    eval_set = load_eval_set(
-        name, limit=limit, val_files=files, id_split=split, encoder=data.encoder, max_prompt_tokens=data.seq_len
-    )
-    return prompt_token_ids(eval_set, data.tokenizer, data.chat_template_kwargs)
 
 
 def measure_eval_sets(
@@ -52,7 +33,7 @@ def measure_eval_sets(
     """One row per (set, mode, schedule): the decode row and the set's summary with 95% intervals over prompts."""
     rows = []
     for name in names:
-        prompts = eval_set_prompts(data, name, limit, heldout_files, heldout_split)
+        prompts = datamodule_prompt_ids(data, name, limit, heldout_files, heldout_split)
         timed = baseline and temperature == 0
         _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed)
         print(f"eval set {name}: {plan}", flush=True)

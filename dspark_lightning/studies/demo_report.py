@@ -39,10 +39,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jsonargparse.typing import PositiveInt
@@ -89,12 +89,19 @@ class Budget:
 
 
 def train_and_evaluate(
-    runs_dir: Path, head: str, block_size: int, budget: Budget, extra: Sequence[str] = (), name: str | None = None
+    runs_dir: Path,
+    head: str,
+    block_size: int,
+    budget: Budget,
+    extra: Sequence[str] = (),
+    name: str | None = None,
+    measure: Callable[[Any, Any, dict], dict] | None = None,
 ) -> dict:
     """Fit one variant through ``lightning_main`` (what ``dspark-lightning fit`` runs) and measure it; one result row.
 
     ``extra``: more ``fit`` arguments (e.g. a loss config and seeds, as ``dspark-lightning loss-study`` passes);
-    ``name``: the run's directory name under ``runs_dir`` (default ``<head>_b<B>``).
+    ``name``: the run's directory name under ``runs_dir`` (default ``<head>_b<B>``); ``measure(module, datamodule,
+    row)``: more numbers for the row (the loss study's evaluation sets), measured after the report's own.
     """
     args = demo_fit_args(
         runs_dir,
@@ -122,6 +129,8 @@ def train_and_evaluate(
         k=budget.k,
         max_blocks=budget.max_blocks,
     )
+    if measure is not None:
+        row.update(measure(cli.model, cli.datamodule, row))
     trainable = sum(p.numel() for p in cli.model.drafter.parameters() if p.requires_grad)
     head_params = sum(p.numel() for p in cli.model.drafter.markov_head.parameters()) if head != "none" else 0
     row.update(

@@ -15,7 +15,10 @@ D-PACE position weighting (``--model.loss.position_weighting dpace``; ``--dpace 
 report is rewritten after every run.
 
 Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
-rate per slot of real greedy speculative decoding with the target. Per loss: mean and sample standard deviation over
+rate per slot of real greedy speculative decoding with the target. With ``--eval_sets`` each run is also measured on
+the named evaluation sets (``data/eval_sets.py``, as ``decode --eval_sets`` and ``report-recipe --eval_sets``): per
+set the same object as theirs (``eval_set``, ``measured_tau``, ``measured_tau_ci`` ... ``prompt_records``; no wall
+clock, so ``speedup`` is null) in the run's ``eval_sets``. Per loss: mean and sample standard deviation over
 seeds. Significance rule (stated in the report): a difference of means between two losses counts as significant only
 when it exceeds the sum of their seed standard deviations; with one seed nothing is called significant.
 
@@ -29,19 +32,23 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.checks import dumps_json
+from dspark_lightning.data.eval_sets import EvalSetName, check_eval_sets
+from dspark_lightning.evaluation.eval_set_decoding import DEFAULT_MAX_NEW_TOKENS
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.demo_report import Budget, train_and_evaluate
 from dspark_lightning.studies.loss_study_results import aggregate, markdown_report, plot_study, rerender_study
 from dspark_lightning.studies.quiet_output import quieted
-from dspark_lightning.studies.recipe_report import evaluate_head, fit_head
+from dspark_lightning.studies.recipe_report import eval_set_rows, evaluate_head, fit_head
 from dspark_lightning.studies.recipes import Recipe, load_recipe, repo_relative
 from dspark_lightning.studies.runs import REPO_ROOT
+from dspark_lightning.studies.table_cells import format_number
 
 LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
     "kl": "kl",
@@ -53,6 +60,27 @@ LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
     "lk_hybrid": "lk_hybrid",
 }
 DEFAULT_LOSSES = ("kl", "tv", "ce+tv", "js", "nla", "lk_hybrid")
+
+
+@dataclass(frozen=True)
+class EvalSetPlan:
+    """The evaluation sets every run is measured on (``--eval_sets`` and the options that go with it).
+
+    ``heldout_files`` / ``heldout_split``: ``sharegpt_heldout``'s conversations and id split (default: the
+    recipe's, else the fit's ``data.val_files`` and ``data.split_by_id``)."""
+
+    names: tuple[str, ...]
+    limit: int | None = None
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    heldout_files: str | None = None
+    heldout_split: dict[str, float] | None = None
+
+    def measure(self, module, datamodule, mode: str, k: int) -> list[dict]:
+        """Greedy decoding of ``module`` in ``mode`` on each set (``recipe_report.eval_set_rows``, untimed)."""
+        return eval_set_rows(
+            module, datamodule, self.names, mode, k=k, limit=self.limit, max_new_tokens=self.max_new_tokens,
+            baseline=False, heldout_files=self.heldout_files, heldout_split=self.heldout_split,
+        )  # fmt: skip
 
 
 def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
@@ -69,16 +97,25 @@ def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
 
 
 def train_and_evaluate_recipe(
-    recipe: Recipe, runs_root: Path, head: str, budget: Budget, extra: Sequence[str], name: str
+    recipe: Recipe,
+    runs_root: Path,
+    head: str,
+    budget: Budget,
+    extra: Sequence[str],
+    name: str,
+    eval_sets: EvalSetPlan | None = None,
 ) -> dict:
     """One variant on a recipe: ``report-recipe``'s fit and measurement, without the wall clock."""
+    plan = eval_sets or EvalSetPlan(())
     start = time.perf_counter()
     cli, checkpoint = fit_head(recipe, runs_root, head, budget.steps, extra, name=name)
     fit_seconds = time.perf_counter() - start
     start = time.perf_counter()
     row = evaluate_head(
         cli, checkpoint, num_prompts=budget.num_prompts, max_new_tokens=budget.max_new_tokens, k=budget.k,
-        max_blocks=budget.max_blocks, wall_clock=False,
+        max_blocks=budget.max_blocks, wall_clock=False, eval_sets=plan.names, eval_set_limit=plan.limit,
+        eval_max_new_tokens=plan.max_new_tokens, recipe=recipe, heldout_files=plan.heldout_files,
+        heldout_split=plan.heldout_split,
     )  # fmt: skip
     row.update(
         head=head, fit_seconds=fit_seconds, eval_seconds=time.perf_counter() - start, run_dir=cli.trainer.log_dir
@@ -99,11 +136,18 @@ def run_study(
     command: str = "dspark-lightning loss-study",
     recipe: str = "demo",
     extra: Sequence[str] = (),
+    eval_sets: EvalSetPlan | None = None,
 ) -> dict:
     """Train every (loss, seed), then the best loss with D-PACE; write the study into ``output``; return it.
 
-    ``recipe``: "demo", or a recipe file or name (``recipes.load_recipe``)."""
+    ``recipe``: "demo", or a recipe file or name (``recipes.load_recipe``); ``eval_sets``: also measure every run
+    on these evaluation sets."""
     loaded = None if recipe == "demo" else load_recipe(recipe)  # an unknown recipe fails before any training
+    if eval_sets is not None and eval_sets.names:  # a missing set or file fails before any training too
+        heldout = eval_sets.heldout_files or (loaded.heldout_files if loaded else None)
+        check_eval_sets(eval_sets.names, limit=eval_sets.limit, heldout_files=heldout)
+    else:
+        eval_sets = None
     budget = budget or Budget()
     for loss in losses:
         loss_fit_args(loss, 0)  # unknown names fail before any training
@@ -125,15 +169,21 @@ def run_study(
     runs: list[dict] = []
     total = len(losses) * len(seeds) + (len(seeds) if dpace else 0)
 
+    def measure_eval_sets(module, datamodule, row: dict) -> dict:
+        """A demo run's numbers on the evaluation sets, in the mode its measured tau was decoded in."""
+        return {"eval_sets": eval_sets.measure(module, datamodule, row["measured_mode"], budget.k)}
+
     def train(label: str, loss: str, seed: int, with_dpace: bool) -> dict:
         name = f"{label.replace('+', '_')}_s{seed}"
         fit_args = [*loss_fit_args(loss, seed, with_dpace), *extra]
         if loaded is None:
-            row = train_and_evaluate(runs_root, head, block_size, budget, fit_args, name)
+            measure = None if eval_sets is None else measure_eval_sets
+            row = train_and_evaluate(runs_root, head, block_size, budget, fit_args, name, measure)
         else:
             row = train_and_evaluate_recipe(
-                loaded, runs_root, head, budget, [*fit_args, f"--model.drafter.block_size={block_size}"], name
-            )
+                loaded, runs_root, head, budget, [*fit_args, f"--model.drafter.block_size={block_size}"], name,
+                eval_sets,
+            )  # fmt: skip
         row.update(label=label, loss=loss, seed=seed, dpace=with_dpace)
         row["run_dir"] = row["run_dir"] if keep else None
         runs.append(row)
@@ -141,6 +191,7 @@ def run_study(
             f"[{len(runs)}/{total}] {label:14s} seed {seed} fit {row['fit_seconds']:.0f}s eval "
             f"{row['eval_seconds']:.0f}s | teacher-forced tau {row['teacher_tau']:.3f} | measured tau "
             f"{row['measured_tau']:.3f}"
+            + "".join(f" | {e['eval_set']} tau {format_number(e['measured_tau'])}" for e in row.get("eval_sets", []))
         )
         return row
 
@@ -159,6 +210,7 @@ def run_study(
             "complete": len(runs) == total,
             "budget": vars(budget),
             "significance_rule": "|mean_a - mean_b| > std_a + std_b (sample std over seeds; needs >= 2 seeds)",
+            **({} if eval_sets is None else {"eval_sets": vars(eval_sets) | {"names": list(eval_sets.names)}}),
             "groups": [aggregate(label, [r for r in runs if r["label"] == label]) for label in labels],
             "runs": [{k: v for k, v in r.items() if k != "selector"} for r in runs],
         }
@@ -205,6 +257,11 @@ def loss_study_command(
     threads: PositiveInt = 1,
     rerender: bool = False,
     fit_args: list[str] = [],  # noqa: B006
+    eval_sets: list[EvalSetName] = [],  # noqa: B006
+    eval_set_limit: PositiveInt | None = None,
+    eval_max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS,
+    heldout_files: str | None = None,
+    heldout_split_by_id: dict[str, float] | None = None,
 ) -> dict:
     """Train one head with each drafter loss (several seeds) and write a loss study.
 
@@ -222,6 +279,15 @@ def loss_study_command(
         threads: torch CPU threads
         rerender: only rewrite report.md and the PNG from results.json
         fit_args: more fit options for every run, e.g. [--model.drafter.max_anchors=32]
+        eval_sets: also measure every run on these evaluation sets (sharegpt_heldout: held-out conversation
+            prompts; humaneval: the 164 HumanEval problems): per set measured tau with its 95% bootstrap interval
+            over prompts, as decode --eval_sets (greedy, no wall clock)
+        eval_set_limit: only the first this many prompts of each evaluation set
+        eval_max_new_tokens: tokens generated per evaluation-set prompt
+        heldout_files: sharegpt_heldout's conversations (default: the recipe's heldout_files, else the fit's
+            data.val_files)
+        heldout_split_by_id: keep only the conversations this id split assigns to validation (default: the
+            recipe's, else the fit's data.split_by_id)
     """
     if rerender:
         return rerender_study(output)
@@ -242,6 +308,9 @@ def loss_study_command(
                 command=command,
                 recipe=recipe,
                 extra=fit_args,
+                eval_sets=EvalSetPlan(
+                    tuple(eval_sets), eval_set_limit, eval_max_new_tokens, heldout_files, heldout_split_by_id
+                ),
             )
     finally:
         torch.set_num_threads(previous)

@@ -53,7 +53,63 @@ def aggregate(label: str, runs: list[dict]) -> dict:
     out["accept_rate_per_slot"] = _slot_mean([r["accept_rate_per_slot"] for r in runs])
     out["measured_accepted_per_slot"] = _slot_mean([r["measured_accepted_per_slot"] for r in runs])
     out["fit_seconds"] = sum(r["fit_seconds"] for r in runs)
+    if any("eval_sets" in r for r in runs):
+        out["eval_sets"] = aggregate_eval_sets(runs)
     return out
+
+
+def aggregate_eval_sets(runs: list[dict]) -> list[dict]:
+    """Per evaluation set (whole-block rows): the seed mean and std of the runs' measured tau, and each run's tau
+    and 95% interval over prompts (``measured_tau_per_seed``, ``measured_tau_ci_per_seed``, in seed order)."""
+    rows = [e for r in runs for e in r.get("eval_sets", []) if e.get("threshold") is None]
+    out = []
+    for name in dict.fromkeys(e["eval_set"] for e in rows):
+        mine = [e for e in rows if e["eval_set"] == name]
+        mean, std = _mean_std([e["measured_tau"] for e in mine])
+        out.append(
+            {
+                "eval_set": name,
+                "n": len(mine),
+                "num_prompts": [e["num_prompts"] for e in mine],
+                "measured_tau": mean,
+                "measured_tau_std": std,
+                "measured_tau_per_seed": [e["measured_tau"] for e in mine],
+                "measured_tau_ci_per_seed": [e["measured_tau_ci"] for e in mine],
+            }
+        )
+    return out
+
+
+def eval_set_lines(study: dict) -> list[str]:
+    """The evaluation-set table of report.md: one row per loss, one column per set (nothing without eval sets)."""
+    groups = [g for g in study["groups"] if g.get("eval_sets")]
+    if not groups:
+        return []
+    names = list(dict.fromkeys(e["eval_set"] for g in groups for e in g["eval_sets"]))
+    plan = study.get("eval_sets") or {}
+
+    def cell(entry: dict | None) -> str:
+        if entry is None or entry["measured_tau"] is None or math.isnan(entry["measured_tau"]):
+            return "n/a"
+        if entry["n"] > 1:
+            return format_mean_std(entry["measured_tau"], entry["measured_tau_std"], entry["n"])
+        low, high = entry["measured_tau_ci_per_seed"][0]
+        return f"{entry['measured_tau']:.3f} [{low:.3f}, {high:.3f}]"
+
+    lines = [
+        "",
+        f"Measured tau on the evaluation sets (greedy, {plan.get('max_new_tokens', '?')} new tokens per prompt, "
+        + (f"the first {plan['limit']} prompts of each set" if plan.get("limit") else "every prompt of each set")
+        + "; mean ± seed std, or with one seed the run's tau [95% paired bootstrap interval over prompts]; every "
+        "run's interval and per-prompt counts are in results.json):",
+        "",
+        "| loss | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for g in groups:
+        entries = {e["eval_set"]: e for e in g["eval_sets"]}
+        lines.append(f"| {g['label']} | " + " | ".join(cell(entries.get(name)) for name in names) + " |")
+    return lines
 
 
 def significance(a: dict, b: dict, key: str) -> dict:
@@ -197,6 +253,7 @@ def markdown_report(study: dict, plot: str) -> str:
         if (s := significance(a, b, key))["significant"]
     ]
     lines += pairs or ["- none"]
+    lines += eval_set_lines(study)
     lines += ["", f"![loss study]({plot})", ""]
     return "\n".join(lines)
 

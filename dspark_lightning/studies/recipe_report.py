@@ -27,8 +27,8 @@ import torch
 from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json, read_checkpoint
+from dspark_lightning.data.eval_sets import EvalSetName
 from dspark_lightning.decoding import measure_speedup, measure_verify_cost
-from dspark_lightning.evaluation.decode_command import EvalSetName
 from dspark_lightning.evaluation.eval_set_decoding import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.cli import lightning_main
@@ -93,19 +93,39 @@ def evaluate_head(
     eval_set_limit: int | None = None,
     eval_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     recipe: Recipe | None = None,
+    heldout_files: str | None = None,
+    heldout_split: dict[str, float] | None = None,
 ) -> dict:
     """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing,
     ``cost_model`` a second timing whose verify length is scheduled by the measured T(n) (``wall_clock_scheduled``),
-    ``eval_sets`` the measured tau and speedup on each evaluation set with 95% intervals over prompts."""
+    ``eval_sets`` the measured tau on each evaluation set with 95% intervals over prompts, and with ``wall_clock``
+    the speedup too. ``sharegpt_heldout`` reads ``heldout_files`` / ``heldout_split`` (default: the recipe's)."""
     online = load_checkpoint_module(checkpoint, features="online")
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
     row = evaluate_variant(
         online, cli.datamodule, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k, max_blocks=max_blocks
     )
-    if not wall_clock:
-        return row
-    prompts = cli.datamodule.eval_prompts()[:num_prompts]
+    cost = None
+    if wall_clock:
+        cost = time_against_generate(
+            row, online, cli.datamodule, num_prompts, max_new_tokens, k, packed_verify, cost_model
+        )
+    if eval_sets:
+        row["eval_sets"] = eval_set_rows(
+            online, cli.datamodule, eval_sets, row["measured_mode"], k=k, limit=eval_set_limit,
+            max_new_tokens=eval_max_new_tokens, baseline=wall_clock, packed_verify=packed_verify,
+            schedules=[None] if cost is None else [None, ("cost", *cost)],
+            heldout_files=heldout_files or (recipe.heldout_files if recipe else None),
+            heldout_split=heldout_split or (recipe.heldout_split_by_id if recipe else None),
+        )  # fmt: skip
+    return row
+
+
+def time_against_generate(row, online, datamodule, num_prompts, max_new_tokens, k, packed_verify, cost_model):
+    """The wall clock against the target's ``generate`` (``row["wall_clock"]``, with ``cost_model`` also
+    ``row["wall_clock_scheduled"]``); returns the measured verify cost (t0, t1), or None without ``cost_model``."""
+    prompts = datamodule.eval_prompts()[:num_prompts]
     row["load_average"] = os.getloadavg()[0]  # the machine is shared: the 1-minute load when the timing starts
     timing = measure_speedup(
         online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
@@ -113,25 +133,31 @@ def evaluate_head(
     )  # fmt: skip
     timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
     row["wall_clock"] = timing
-    cost = None
-    if cost_model:
-        cost = measure_verify_cost(online.target, max_block=online.drafter.block_size, packed_verify=packed_verify)
-        scheduled = measure_speedup(
-            online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
-            packed_verify=packed_verify, cost_model=cost,
-        )  # fmt: skip
-        scheduled.pop("stats")
-        row["wall_clock_scheduled"] = scheduled
-    if eval_sets:
-        measured = measure_eval_sets(
-            online, cli.datamodule, list(eval_sets), [row["measured_mode"]],
-            [None] if cost is None else [None, ("cost", *cost)], temperature=0.0,
-            max_new_tokens=eval_max_new_tokens, k=k, limit=eval_set_limit, packed_verify=packed_verify,
-            heldout_files=recipe.heldout_files if recipe else None,
-            heldout_split=recipe.heldout_split_by_id if recipe else None,
-        )  # fmt: skip
-        row["eval_sets"] = [{key: r[key] for key in EVAL_SET_KEYS} for r in measured]
-    return row
+    if not cost_model:
+        return None
+    cost = measure_verify_cost(online.target, max_block=online.drafter.block_size, packed_verify=packed_verify)
+    scheduled = measure_speedup(
+        online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
+        packed_verify=packed_verify, cost_model=cost,
+    )  # fmt: skip
+    scheduled.pop("stats")
+    row["wall_clock_scheduled"] = scheduled
+    return cost
+
+
+def eval_set_rows(
+    module, datamodule, names: Sequence[str], mode: str, *, k: int, limit: int | None, max_new_tokens: int,
+    baseline: bool, packed_verify: bool = False, schedules: Sequence = (None,), heldout_files: str | None = None,
+    heldout_split: dict[str, float] | None = None,
+) -> list[dict]:  # fmt: skip
+    """Greedy decoding of ``module`` in ``mode`` on each evaluation set (``measure_eval_sets``): per set and
+    schedule, the ``EVAL_SET_KEYS`` of its row (``baseline``: timed against ``generate``, with the speedup)."""
+    measured = measure_eval_sets(
+        module, datamodule, list(names), [mode], list(schedules), temperature=0.0, max_new_tokens=max_new_tokens,
+        k=k, limit=limit, baseline=baseline, packed_verify=packed_verify, heldout_files=heldout_files,
+        heldout_split=heldout_split,
+    )  # fmt: skip
+    return [{key: r[key] for key in EVAL_SET_KEYS} for r in measured]
 
 
 # per eval set and schedule in results.json: the summary with its intervals, and every prompt's raw measurements

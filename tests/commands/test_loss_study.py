@@ -8,6 +8,8 @@ import math
 import pytest
 
 from dspark_lightning.cli import cli_main
+from dspark_lightning.data import eval_sets
+from dspark_lightning.data.eval_sets import EvalSetError
 from dspark_lightning.studies import loss_study, loss_study_results
 from dspark_lightning.studies.runs import REPO_ROOT
 
@@ -38,6 +40,7 @@ def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
             assert math.isfinite(g[key]) and g[key] >= 1.0
         assert len(g["accept_rate_per_slot"]) == 8 and all(0 <= a <= 1 for a in g["accept_rate_per_slot"])
     assert saved["budget"]["steps"] == 3
+    assert "eval_sets" not in saved and all("eval_sets" not in r for r in saved["runs"])  # only when asked for
     assert saved["command"] == (  # the made-by line: the options given, in the table's spelling
         f"dspark-lightning loss-study --output {out} --losses '[kl,lk_hybrid]' --seeds '[0]' --budget.steps 3 "
         "--budget.val_samples 8 --budget.val_batches 1 --budget.num_prompts 1 --budget.max_new_tokens 8 "
@@ -114,3 +117,66 @@ def test_loss_configs_compose_and_bad_options_name_themselves(capsys):
     ):
         with pytest.raises(ValueError, match=option):  # fails on the option, before the target is loaded
             DSparkModule(TargetArgs("/nonexistent"), loss=LossArgs(**kwargs))
+
+
+def test_study_on_eval_sets_keeps_each_runs_per_set_objects(tmp_path):
+    out = tmp_path / "study"
+    cli_main(
+        [
+            "loss-study", "--output", str(out), "--losses", "[kl]", "--seeds", "[0]", "--dpace", "false",
+            "--budget.steps", "40", "--budget.val_samples", "8", "--budget.val_batches", "1",
+            "--budget.num_prompts", "1", "--budget.max_new_tokens", "8", "--budget.max_blocks", "16",
+            "--eval_sets", "[sharegpt_heldout,humaneval]", "--eval_set_limit", "3", "--eval_max_new_tokens", "12",
+        ]
+    )  # fmt: skip
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["eval_sets"] == {
+        "names": ["sharegpt_heldout", "humaneval"], "limit": 3, "max_new_tokens": 12, "heldout_files": None,
+        "heldout_split": None,
+    }  # fmt: skip
+    (run,) = saved["runs"]
+    assert [(e["eval_set"], e["mode"]) for e in run["eval_sets"]] == [
+        ("sharegpt_heldout", run["measured_mode"]),
+        ("humaneval", run["measured_mode"]),
+    ]
+    for entry in run["eval_sets"]:  # the object decode --eval_sets and report-recipe --eval_sets write
+        records = entry["prompt_records"]
+        assert (
+            entry["max_new_tokens"] == 12
+            and entry["num_prompts"] == len(records) == 3 - entry["prompts_without_verify"]
+        )
+        tau = sum(r["emitted_tokens"] for r in records) / sum(r["target_forwards"] for r in records)
+        assert entry["measured_tau"] == pytest.approx(tau) and tau > 1.0  # recomputed from the raw per-prompt counts
+        low, high = entry["measured_tau_ci"]
+        assert 1.0 <= low <= tau <= high and entry["ci_confidence"] == 0.95
+        assert entry["speedup"] is None and entry["speedup_ci"] is None  # no wall clock in a loss study
+    (group,) = saved["groups"]
+    assert [(g["eval_set"], g["n"], g["measured_tau"]) for g in group["eval_sets"]] == [
+        (e["eval_set"], 1, e["measured_tau"]) for e in run["eval_sets"]
+    ]
+    report = (out / "report.md").read_text()
+    assert "| loss | sharegpt_heldout | humaneval |" in report
+    cells = [
+        f"{e['measured_tau']:.3f} [{e['measured_tau_ci'][0]:.3f}, {e['measured_tau_ci'][1]:.3f}]"
+        for e in run["eval_sets"]
+    ]
+    assert f"| kl | {cells[0]} | {cells[1]} |" in report
+    assert "sharegpt_heldout tau" in (out / "log.txt").read_text()
+    (out / "report.md").unlink()  # --rerender rebuilds the table from results.json alone
+    cli_main(["loss-study", "--output", str(out), "--rerender", "true"])
+    assert f"| kl | {cells[0]} | {cells[1]} |" in (out / "report.md").read_text()
+
+
+def test_a_missing_or_malformed_eval_set_fails_the_study_before_training(tmp_path, monkeypatch):
+    missing = tmp_path / "heldout.jsonl"
+    args = ["loss-study", "--output", str(tmp_path / "study"), "--losses", "[kl]", "--seeds", "[0]"]
+    with pytest.raises(EvalSetError, match=f"eval set 'sharegpt_heldout': cannot read heldout_files=.*{missing}"):
+        cli_main([*args, "--eval_sets", "[sharegpt_heldout]", "--heldout_files", str(missing)])
+    garbled = tmp_path / "HumanEval.jsonl"
+    garbled.write_text('{"task_id": "T/0"}\n')
+    monkeypatch.setattr(eval_sets, "humaneval_path", lambda: str(garbled))
+    with pytest.raises(EvalSetError, match=f"eval set 'humaneval': {garbled}:1: record has no 'prompt' string"):
+        cli_main([*args, "--eval_sets", "[humaneval]"])
+    assert not (tmp_path / "study").exists()  # nothing trained, nothing written
+    with pytest.raises(SystemExit):  # an unknown name is a usage error naming --eval_sets
+        cli_main([*args, "--eval_sets", "[mmlu]"])

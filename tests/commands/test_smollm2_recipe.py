@@ -201,8 +201,18 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
         ["loss-study", "--recipe", "smollm2", "--output", str(tmp_path / "study"), "--losses", "[nla]"]
         + ["--seeds", "[0]", "--dpace", "false", "--budget.steps", "1", "--budget.num_prompts", "1"]
         + ["--budget.max_new_tokens", "4", "--budget.max_blocks", "8", "--fit_args", json.dumps(fit_args)]
+        + ["--eval_sets", "[sharegpt_heldout,humaneval]", "--eval_set_limit", "1", "--eval_max_new_tokens", "4"]
     )
     (group,) = study["groups"]
     assert group["label"] == "nla" and 1.0 <= group["measured_tau"] <= 9.0 and 1.0 <= group["teacher_tau"] <= 9.0
+    # its evaluation sets: the recipe's held-out split and HumanEval, report-recipe's objects without the wall clock
+    (run,) = study["runs"]
+    assert [(e["eval_set"], e["num_prompts"], e["speedup"]) for e in run["eval_sets"]] == [
+        ("sharegpt_heldout", 1, None), ("humaneval", 1, None)
+    ]  # fmt: skip
+    for e in run["eval_sets"]:
+        (record,) = e["prompt_records"]
+        assert e["measured_tau"] == pytest.approx(record["emitted_tokens"] / record["target_forwards"])
+        assert e["measured_tau_ci"] == [e["measured_tau"], e["measured_tau"]]  # one prompt: a point interval
     report = (tmp_path / "study" / "report.md").read_text()
     assert report.startswith("# Drafter losses on SmolLM2-135M-Instruct") and "configs/smollm2_sharegpt.yaml" in report

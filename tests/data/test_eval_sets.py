@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+from types import SimpleNamespace
+from typing import get_args
 
 import pytest
 from helpers.paths import ASSETS, DEMO_TARGET
@@ -15,11 +18,15 @@ from dspark_lightning.data.eval_sets import (
     DEFAULT_HELDOUT_PROMPTS,
     HUMANEVAL_CHAT_FORMAT,
     EvalSetError,
+    EvalSetName,
+    check_eval_sets,
+    datamodule_prompt_ids,
     humaneval_path,
     load_eval_set,
     prompt_token_ids,
 )
 from dspark_lightning.data.splits import IdSplit
+from dspark_lightning.data.tokenize import ConversationEncoder
 
 SHAREGPT = ASSETS / "data" / "sharegpt"
 VALIDATION = sorted(SHAREGPT.glob("validation-*.jsonl"))
@@ -170,3 +177,51 @@ def test_sharegpt_heldout_errors_name_the_set_and_the_file(tmp_path, tokenizer):
         load_eval_set("sharegpt_heldout", form="completion", tokenizer=tokenizer)
     with pytest.raises(EvalSetError, match="limit must be >= 1"):
         load_eval_set("humaneval", limit=0)
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+def test_the_option_type_lists_exactly_the_sets():
+    assert set(get_args(EvalSetName)) == set(eval_sets.EVAL_SETS)
+
+
+def test_a_data_modules_prompts_default_to_its_val_files_and_split(tokenizer):
+    encoder = ConversationEncoder(tokenizer)
+    split = IdSplit(validation=0.05)
+    data = SimpleNamespace(
+        val_files=[str(p) for p in TRAIN], id_split=split, encoder=encoder, seq_len=64, tokenizer=tokenizer,
+        chat_template_kwargs=None,
+    )  # fmt: skip
+    expected = load_eval_set("sharegpt_heldout", val_files=data.val_files, id_split=split, encoder=encoder, limit=4,
+                             max_prompt_tokens=64)  # fmt: skip
+    assert datamodule_prompt_ids(data, "sharegpt_heldout", 4) == prompt_token_ids(expected, tokenizer)
+    # heldout_files and heldout_split replace the data module's
+    half = IdSplit(validation=0.5)
+    other = load_eval_set("sharegpt_heldout", val_files=str(VALIDATION[0]), id_split=half, encoder=encoder, limit=3,
+                          max_prompt_tokens=64)  # fmt: skip
+    assert {half.split_of(i) for i in other.ids} == {"validation"} and len(other) == 3
+    given = datamodule_prompt_ids(data, "sharegpt_heldout", 3, str(VALIDATION[0]), {"validation": 0.5})
+    assert given == prompt_token_ids(other, tokenizer)
+    data.val_files = "/nonexistent/validation.jsonl"  # an error names the set, the file and where it came from
+    with pytest.raises(
+        EvalSetError, match=r"'sharegpt_heldout'.*/nonexistent/validation.jsonl.*data.val_files \(heldout"
+    ):
+        datamodule_prompt_ids(data, "sharegpt_heldout", 3)
+    data.val_files = None
+    with pytest.raises(EvalSetError, match="'sharegpt_heldout' needs heldout_files .*no val_files"):
+        datamodule_prompt_ids(data, "sharegpt_heldout", 3)
+
+
+def test_check_eval_sets_fails_on_what_needs_no_tokenizer(tmp_path, monkeypatch):
+    check_eval_sets(["sharegpt_heldout", "humaneval"], limit=2, heldout_files=str(VALIDATION[0]))  # all there
+    missing = tmp_path / "nowhere-*.jsonl"
+    with pytest.raises(
+        EvalSetError, match=f"eval set 'sharegpt_heldout': cannot read heldout_files=.*{re.escape(str(missing))}"
+    ):
+        check_eval_sets(["sharegpt_heldout"], heldout_files=str(missing))
+    with pytest.raises(EvalSetError, match="unknown eval set 'mmlu'"):
+        check_eval_sets(["humaneval", "mmlu"])
+    empty = tmp_path / "HumanEval.jsonl"
+    empty.write_text("")
+    monkeypatch.setattr(eval_sets, "humaneval_path", lambda: str(empty))
+    with pytest.raises(EvalSetError, match=f"eval set 'humaneval': {empty} holds no problems"):
+        check_eval_sets(["humaneval"])
