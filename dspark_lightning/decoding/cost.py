@@ -10,6 +10,7 @@ import time
 import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
+from dspark_lightning.decoding.target_cache import TargetCache
 from dspark_lightning.decoding.target_forwards import causal_lm
 
 
@@ -30,8 +31,6 @@ def measure_verify_cost(
     result is the ``cost_model`` argument of ``speculative_generate``; ``packed_verify`` times the forward on the
     packed kernels that ``speculative_generate(packed_verify=True)`` verifies with.
     """
-    from transformers import DynamicCache
-
     model = causal_lm(target)
     vocab = model.get_input_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
@@ -46,8 +45,10 @@ def measure_verify_cost(
         block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
         times = []
         for _ in range(repeats):
-            cache = DynamicCache()
+            target_cache = TargetCache(model)  # the cache speculative_generate verifies on (sliding layers too)
+            cache = target_cache.cache
             verify(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
+            target_cache.prompt_done()
             if torch.cuda.is_available() and torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()

@@ -2,7 +2,8 @@
 
 Both forwards return the target's logits and the features of the layers that feed the drafter. The verify forward
 runs the LM head only on the rows verification reads (up to the first rejection): the decoder once over the block,
-the vocabulary-sized head row by row; the prompt forward keeps its last row only, as ``generate`` does.
+the vocabulary-sized head row by row; the prompt forward keeps its last row only, as ``generate`` does. The KV cache
+is ``generate``'s layout, rolled back after each verify (``decoding.target_cache``: sliding-window layers included).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import inspect
 import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
+from dspark_lightning.decoding.target_cache import TargetCache
 from dspark_lightning.models.drafter import DSparkDrafter
 
 
@@ -35,14 +37,13 @@ class TargetForwards:
     """
 
     def __init__(self, target, drafter: DSparkDrafter, packed_verify: bool = False) -> None:
-        from transformers import DynamicCache
-
         self.model = model = causal_lm(target)
         layer_ids = getattr(target, "target_layer_ids", None) or drafter.config.target_layer_ids
         if layer_ids is None:
             raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")
         self.layer_ids = list(layer_ids)
-        self.cache = DynamicCache()
+        self.target_cache = TargetCache(model)
+        self.cache = self.target_cache.cache
         self.cache_keyword = _cache_keyword(model.forward)
         self.body = getattr(model, getattr(model, "base_model_prefix", ""), None)
         self.head = model.get_output_embeddings()
@@ -72,6 +73,7 @@ class TargetForwards:
         finally:
             if hook is not None:
                 hook.remove()
+        self.target_cache.prompt_done()
         logits = out.logits[0, -1].float()
         self.own_head = (
             bool(final) and head is not None and torch.allclose(head(final[0][:, -1:])[0, -1].float(), logits)
@@ -99,10 +101,8 @@ class TargetForwards:
         return logits, self._features(out)
 
     def crop(self, length: int) -> None:
-        """Keep the first ``length`` tokens in the KV cache."""
-        surplus = self.cache.get_seq_length() - length
-        if surplus > 0:
-            self.cache.crop(-surplus)  # negative = "remove this many", valid in transformers 4.x and 5.x
+        """Keep the first ``length`` tokens in the KV cache (called after every verify forward)."""
+        self.target_cache.crop(length)
 
     def _features(self, out) -> torch.Tensor:
         return torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)

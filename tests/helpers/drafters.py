@@ -80,3 +80,23 @@ def decode_cached_and_uncached(target, drafter, prompt, mode: str, temperature: 
         )  # fmt: skip
         outputs.append(out)
     return outputs
+
+
+def oracle_drafts(drafter: DSparkDrafter, text: list[int], wrong=lambda position: False) -> DSparkDrafter:
+    """Make ``drafter`` draft ``text`` itself: its cached draft step (the one ``speculative_generate`` calls) returns
+    base logits whose argmax at slot k of the block anchored at position p is ``text[p + k + 1]`` (DSpark form), or
+    the next token id where ``wrong(p + k + 1)`` - a rejection exactly there. Decode in ``parallel`` mode, which
+    drafts the argmax of the base logits; ``text`` must reach past the last block."""
+    if not drafter.config.sample_from_anchor:
+        raise ValueError("oracle_drafts drafts in the DSpark form (sample_from_anchor=True)")
+    vocab, width, B = drafter.draft_vocab_size, drafter.backbone.fc.out_features, drafter.block_size
+
+    def draft_cached(_cache, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor):
+        p = int(anchor_positions[0])
+        tokens = [text[p + k + 1] for k in range(B)]
+        tokens = [(t + 1) % vocab if wrong(p + k + 1) else t for k, t in enumerate(tokens)]
+        base = 20.0 * torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()[None]
+        return base, torch.zeros(1, B, width)
+
+    drafter.draft_cached = draft_cached
+    return drafter

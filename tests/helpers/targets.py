@@ -1,4 +1,5 @@
-"""Tiny random Qwen3 targets built in memory (no files, no downloads), and the bigram oracle of the decoding tests.
+"""Tiny random Qwen3 and Gemma 3 targets built in memory (no files, no downloads), and the bigram oracle of the decoding
+tests.
 
 A *bigram target* is a random Qwen3 whose attention and MLP outputs are zeroed, so its next-token distribution depends
 on the current token only; a vanilla Markov head holding that table is then an exact drafter for it.
@@ -29,6 +30,48 @@ def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int
     )
     model = Qwen3ForCausalLM(config).eval()
     return model
+
+
+GEMMA3_MASK_ID = 4  # Gemma 3's ``<mask>`` id
+
+
+def make_tiny_gemma3(
+    vocab_size: int = 96, num_layers: int = 6, sliding_window: int = 8, hidden_size: int = 32, seed: int = 0
+):
+    """A random ``Gemma3ForCausalLM`` shaped like Gemma 3 270M, scaled down: sliding-window layers with full attention
+    on every sixth layer (the last one when ``num_layers`` < 6, so there is always one), two rotary bases (10k local,
+    1M global), embeddings scaled by sqrt(hidden), tied LM head, no logit soft-capping; the window is tiny so that
+    short prompts cross it."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    layer_types = ["sliding_attention"] * num_layers
+    for i in range(min(5, num_layers - 1), num_layers, 6):
+        layer_types[i] = "full_attention"
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=sliding_window,
+        layer_types=layer_types,
+        max_position_embeddings=512,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+        tie_word_embeddings=True,
+        final_logit_softcapping=None,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        attn_implementation="sdpa",
+    )
+    return Gemma3ForCausalLM(config).eval()
 
 
 def bigram_setup(
