@@ -57,6 +57,6 @@ case "${1:?stage: caches | study | data}" in
   data)
     cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000
     fit data3000 600 --data.train_cache "[$C951,$C1284,$C3000]";             measure data3000 600
-    fit base1200 1200 --data.train_cache "[$C951,$C1284]";                    measure base1200 900; measure base1200 1200 ;;
+    fit base1200 1200 --data.train_cache "[$C951,$C1284]";                    measure base1200 1200 ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
