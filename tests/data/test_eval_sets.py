@@ -116,6 +116,19 @@ def test_sharegpt_heldout_keeps_only_the_validation_split_and_short_prompts(toke
     assert short.ids != load_eval_set("sharegpt_heldout", tokenizer=tokenizer, limit=20).ids
 
 
+def test_sharegpt_heldout_completion_form_is_each_first_user_turn_as_plain_text(tokenizer):
+    """For base models (no chat template): the held-out prompts as ``regenerate --format completion`` writes them."""
+    heldout = load_eval_set("sharegpt_heldout", form="completion", tokenizer=tokenizer, limit=12)
+    assert heldout.form == "completion" and "first user turn as plain text" in heldout.prompt_format
+    records = {r["id"]: r for r in jsonl_records(VALIDATION)}
+    order = list(records)
+    assert [order.index(i) for i in heldout.ids] == sorted(order.index(i) for i in heldout.ids)
+    for conversation_id, prompt in zip(heldout.ids, heldout.prompts, strict=True):
+        first_user = next(t["value"] for t in records[conversation_id]["conversations"] if t["from"] == "human")
+        assert prompt == first_user + "\n"
+    assert prompt_token_ids(heldout, tokenizer) == [tokenizer(p)["input_ids"] for p in heldout.prompts]
+
+
 # ------------------------------------------------------------------------------------------------ errors
 def test_an_unknown_set_lists_the_known_ones():
     with pytest.raises(EvalSetError, match="unknown eval set 'mmlu'; known eval sets: humaneval, sharegpt_heldout"):
@@ -173,8 +186,8 @@ def test_sharegpt_heldout_errors_name_the_set_and_the_file(tmp_path, tokenizer):
         load_eval_set("sharegpt_heldout", val_files=str(no_prompt), tokenizer=tokenizer)
     with pytest.raises(EvalSetError, match="'sharegpt_heldout' needs encoder= or tokenizer="):
         load_eval_set("sharegpt_heldout")
-    with pytest.raises(EvalSetError, match="chat conversations only"):
-        load_eval_set("sharegpt_heldout", form="completion", tokenizer=tokenizer)
+    with pytest.raises(EvalSetError, match="form must be one of"):
+        load_eval_set("sharegpt_heldout", form="plain", tokenizer=tokenizer)
     with pytest.raises(EvalSetError, match="limit must be >= 1"):
         load_eval_set("humaneval", limit=0)
 
