@@ -1,12 +1,14 @@
-"""On-policy data: rewrite every assistant turn of a conversation dataset with the target's own greedy replies.
+"""On-policy data: rewrite every assistant turn of a conversation dataset with the target's own greedy replies, or,
+for a base model without a chat template (``--format completion``, ``regenerate_completion.py``), write completion
+records of plain-text prompts and the target's own greedy continuations.
 
 Usage (wired as ``dspark-lightning regenerate``)::
 
     dspark-lightning regenerate --target Qwen/Qwen3-0.6B --data 'sharegpt/*.jsonl' --output regen/ \
         --max_new_tokens 512 --batch_size 16 [--limit N] [--shard_size 1000] [--chat_template_kwargs '{...}'] \
-        [--num_jobs 8 --job_index $SLURM_ARRAY_TASK_ID]
+        [--num_jobs 8 --job_index $SLURM_ARRAY_TASK_ID] [--format completion --prompts '[first_turn,code]']
 
-Design choices:
+Design choices (the chat format; the completion format shares output, resuming, progress, jobs and counting):
 - Turn by turn: assistant turn *t* is generated from the conversation up to it, where earlier assistant turns are the
   target's own (already regenerated) replies and the user/system turns are the originals. So the whole dialogue is
   what the target would have said, which is the distribution the drafter is evaluated on.
@@ -33,31 +35,43 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
+from dspark_lightning.data.greedy import eos_token_ids, greedy_new_tokens, pad_token_id
 from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
+from dspark_lightning.data.regenerate_completion import (
+    PROMPT_KINDS,
+    GreedyContinuation,
+    read_prompt_records,
+    record_prompts,
+    regenerate_format,
+)
 from dspark_lightning.data.shard_writer import ResumableShardWriter, to_sharegpt
 from dspark_lightning.data.sharegpt import IdSplit, InvalidRecord, conversation_id, resolve_source, to_conversation
+from dspark_lightning.errors import OptionError
 from dspark_lightning.progress import progress_bar, stop_on_sigterm
 
 __all__ = ["GreedyRegenerator", "ResumableShardWriter", "read_conversations", "regenerate", "regenerate_command"]
 
 
-def read_conversations(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """``(id, messages)`` of every valid record of ``data`` in order; invalid ones are counted by reason."""
+def read_raw_records(data: str | Sequence[str]) -> Iterable[RawRecord]:
+    """The raw records of ``data`` in order (local files with file and line, or a streamed hub dataset)."""
     source = resolve_source(data)
     if source.is_hub:
         from datasets import load_dataset
 
         rows = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
-        raws: Iterable[RawRecord] = (RawRecord(row, source.describe(), None) for row in rows)
-    else:
-        raws = iter_local_records(limit_shards(source.files, None))
-    for raw in raws:
+        return (RawRecord(row, source.describe(), None) for row in rows)
+    return iter_local_records(limit_shards(source.files, None))
+
+
+def read_conversations(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """``(id, messages)`` of every valid record of ``data`` in order; invalid ones are counted by reason."""
+    for raw in read_raw_records(data):
         try:
             messages = to_conversation(raw).messages
         except InvalidRecord as bad:
@@ -81,13 +95,9 @@ class GreedyRegenerator:
         self.model, self.tokenizer, self.max_turns = model, tokenizer, max_turns
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.template_kwargs = dict(template_kwargs or {})
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos = model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        eos_ids.add(tokenizer.eos_token_id)
-        self.eos_token_ids = sorted(i for i in eos_ids if i is not None)
+        self.pad_token_id = pad_token_id(tokenizer)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
 
-    @torch.no_grad()
     def generate_replies(self, prompts: Sequence[Sequence[dict[str, str]]], counts: Counter) -> list[str]:
         """One greedy reply per prompt (each prompt ends before the assistant turn to write)."""
         encoded = [
@@ -96,29 +106,8 @@ class GreedyRegenerator:
             )
             for p in prompts
         ]
-        width = max(map(len, encoded))
-        input_ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-        for row, ids in enumerate(encoded):  # left padding
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention_mask[row, width - len(ids) :] = 1
-        device = next(self.model.parameters()).device
-        output = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            max_new_tokens=self.max_new_tokens,
-            do_sample=False,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-        )
-        replies = []
-        for new_tokens in output[:, width:].tolist():
-            ended = [i for i, t in enumerate(new_tokens) if t in self.eos_token_ids]
-            if not ended:
-                counts["truncated_replies"] += 1
-            new_tokens = new_tokens[: ended[0]] if ended else new_tokens
-            replies.append(self.tokenizer.decode(new_tokens, skip_special_tokens=True).strip())
-        return replies
+        new = greedy_new_tokens(self.model, encoded, self.max_new_tokens, self.eos_token_ids, self.pad_token_id, counts)
+        return [self.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in new]
 
     def prompt_length(self, messages: Sequence[dict[str, str]]) -> int:
         return len(
@@ -199,12 +188,16 @@ def regenerate(
     max_turns: int | None = None,
     split: str = "train",
     split_by_id: dict[str, float] | None = None,
+    format: str = "auto",
+    prompts: Sequence[str] = PROMPT_KINDS,
 ) -> dict[str, Any]:
     """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done.
 
     With ``split_by_id`` (e.g. ``{"validation": 0.02, "test": 0.02}``) only the records that :class:`IdSplit` puts in
     ``split`` are regenerated, and shards are named ``<split>-NNNNN.jsonl``; ``max_turns`` stops each conversation
-    after that many regenerated replies."""
+    after that many regenerated replies. ``format``: ``chat`` rewrites assistant turns, ``completion`` writes
+    completion records of the ``prompts`` kinds (``regenerate_completion.py``), ``auto`` is chat for a target with a
+    chat template and completion for one without."""
     id_split = IdSplit.from_fractions(split_by_id)
     if split not in ("train", "validation", "test"):
         raise ValueError(f"split must be train, validation or test, got {split!r}")
@@ -213,6 +206,9 @@ def regenerate(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+    data_format = regenerate_format(format, tokenizer, target)  # before the model loads: never an invented template
+    if data_format == "completion" and max_turns is not None:
+        raise OptionError("--max_turns counts chat replies; --format completion writes one continuation per prompt")
     if model is None:
         torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(dtype)
         torch_dtype = torch_dtype or getattr(torch, dtype)
@@ -223,16 +219,27 @@ def regenerate(
     base = f"{split}-"
     prefix = base if num_jobs == 1 else f"{base}{job_index:03d}of{num_jobs:03d}-"
     writer = ResumableShardWriter(output, shard_size, prefix)
-    regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
     counts: Counter = Counter()
     already = len(writer.done_ids)
-    batch: list[tuple[str, list[dict[str, str]]]] = []
-    mine = lambda counter: job_conversations(data, counter, id_split, split, num_jobs, job_index)  # noqa: E731
+    batch: list[tuple[str, Any]] = []
+    if data_format == "completion":
+        regenerator: Any = GreedyContinuation(model, tokenizer, max_new_tokens, max_prompt_tokens)
+        unit = "prompts"
+
+        def mine(counter: Counter) -> Iterator[tuple[str, str]]:
+            records = job_conversations(data, counter, id_split, split, num_jobs, job_index, read_prompt_sources)
+            return record_prompts(records, prompts, counter)
+    else:
+        regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
+        unit = "conversations"
+
+        def mine(counter: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
+            return job_conversations(data, counter, id_split, split, num_jobs, job_index)
+
     if limit is not None:  # the bar counts records written, up to the limit
         total, unit = max(0, limit - already), "records"
-    else:  # the bar counts this job's conversations still to do (unknown for a streamed hub dataset)
+    else:  # the bar counts this job's conversations (prompts) still to do (unknown for a streamed hub dataset)
         total = None if resolve_source(data).is_hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
-        unit = "conversations"
     with progress_bar("regenerate", total, unit) as advance, stop_on_sigterm("regenerate") as stop_requested:
 
         def flush() -> None:
@@ -259,7 +266,8 @@ def regenerate(
         if batch and not stop_requested():
             flush()
         stopped = stop_requested()
-    summary = {"output": str(output), "records_before": already, "records_after": len(writer.done_ids)}
+    summary = {"output": str(output), "format": data_format, "records_before": already}
+    summary["records_after"] = len(writer.done_ids)
     if writer.removed_bytes:
         summary["removed_partial_bytes"] = writer.removed_bytes
     if stopped:
@@ -267,13 +275,24 @@ def regenerate(
     return {**summary, **counts}
 
 
+def read_prompt_sources(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list | str]]:
+    """Conversations and completion records of ``data`` (``--format completion``'s input), invalid ones counted."""
+    return read_prompt_records(read_raw_records(data), counts)
+
+
 def job_conversations(
-    data, counts: Counter, id_split: IdSplit | None, split: str, num_jobs: int, job_index: int
-) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """The valid conversations of ``data`` that ``id_split`` puts in ``split`` and that fall to job ``job_index``
-    of ``num_jobs`` (the split's records dealt out in turn), in order."""
+    data,
+    counts: Counter,
+    id_split: IdSplit | None,
+    split: str,
+    num_jobs: int,
+    job_index: int,
+    reader: Callable[[Any, Counter], Iterator[tuple[str, Any]]] = read_conversations,
+) -> Iterator[tuple[str, Any]]:
+    """The valid records of ``data`` (``reader``: conversations by default) that ``id_split`` puts in ``split`` and
+    that fall to job ``job_index`` of ``num_jobs`` (the split's records dealt out in turn), in order."""
     ordinal = -1
-    for identifier, messages in read_conversations(data, counts):
+    for identifier, messages in reader(data, counts):
         if id_split is not None and id_split.split_of(identifier) != split:
             counts["skipped_other_split"] += 1
             continue
@@ -300,6 +319,8 @@ def regenerate_command(
     max_turns: PositiveInt | None = None,
     split: Literal["train", "validation", "test"] = "train",
     split_by_id: dict[str, float] | None = None,
+    format: Literal["auto", "chat", "completion"] = "auto",
+    prompts: list[Literal["first_turn", "code"]] | None = None,
 ) -> dict[str, Any]:
     """Rewrite the assistant turns of a conversation dataset with the target's own greedy replies (on-policy data).
 
@@ -321,6 +342,9 @@ def regenerate_command(
         max_turns: regenerate at most this many replies per record
         split: the split to regenerate (with split_by_id)
         split_by_id: fractions of conversations held out by id, e.g. {"validation": 0.02, "test": 0.02}
+        format: chat (rewrite assistant turns), completion (base models: plain-text prompts and the target's greedy
+            continuations), auto (chat when the target has a chat template, else completion)
+        prompts: with completion: prompts made of each conversation, first_turn and/or code (default: both)
     """
     summary = regenerate(
         target,
@@ -340,6 +364,8 @@ def regenerate_command(
         max_turns=max_turns,
         split=split,
         split_by_id=split_by_id,
+        format=format,
+        prompts=PROMPT_KINDS if prompts is None else prompts,
     )
     print(json.dumps(summary, indent=2))
     if "stopped" in summary:

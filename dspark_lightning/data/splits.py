@@ -36,7 +36,8 @@ class IdSplit:
 
     ShareGPT V3 cuts long conversations into parts ``<id>_0``, ``<id>_1``, ...: the ``_N`` suffix is dropped before
     hashing so all parts of one conversation land in the same split (no leakage of a conversation's continuation into
-    the held-out prompts). The split is ``sha256(group)`` read as a number in [0, 1): below ``validation`` ->
+    the held-out prompts). So is a ``#<kind>`` suffix (``<id>#first_turn``, ``<id>#code``: the completion records
+    ``regenerate --format completion`` makes of one conversation), for the same reason. The split is ``sha256(group)`` read as a number in [0, 1): below ``validation`` ->
     validation, below ``validation + test`` -> test, else train. It depends on nothing but the id.
     """
 
@@ -57,6 +58,6 @@ class IdSplit:
         return cls(**{name: float(value) for name, value in fractions.items()})
 
     def split_of(self, identifier: str) -> str:
-        group = _PART_SUFFIX.sub("", identifier)
+        group = _PART_SUFFIX.sub("", identifier.split("#", 1)[0])
         u = int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big") / 2**64
         return "validation" if u < self.validation else "test" if u < self.validation + self.test else "train"
