@@ -11,7 +11,8 @@ the tokenizer (``data.mask_token_id`` -> ``model.drafter.mask_token_id``).
 
 Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), claimed with
 ``os.mkdir`` before anything is written (``lightning/run_dirs.py``), so runs of one name started together never share
-or clobber one.
+or clobber one. Next to the resolved ``config.yaml`` it writes ``data_format.json``, the data format the run chose
+(``SaveConfigAndDataFormat``).
 
 ``--ckpt_path`` is read with ``weights_only=True`` and checked before anything is built: a file that is not a
 checkpoint, or one holding NaN/inf weights, is refused. Resuming (or validating) never silently replaces model
@@ -20,13 +21,15 @@ arguments: a model argument whose value differs from the checkpoint's hyper-para
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from jsonargparse import set_parsing_settings
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
@@ -34,6 +37,7 @@ from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.config import GROUPS, migrate_hparams
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.lightning.run_dirs import (
+    DATA_FORMAT_FILE,
     ClaimRunDirectory,
     claim_run_directories,
     remove_unstarted_run_directories,
@@ -44,6 +48,18 @@ LIGHTNING_COMMANDS = {
     "validate": "validate a checkpoint (--ckpt_path) on the validation data",
     "test": "test a checkpoint (--ckpt_path) on the test data",
 }
+
+
+class SaveConfigAndDataFormat(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``, and next to it ``data_format.json``: the format the run reads its records in
+    (``data.format`` with ``auto`` resolved, what was asked for, why, and whether the tokenizer has a chat template;
+    docs/data.md §1.5). Rank 0 only, once, like the config."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        datamodule = trainer.datamodule
+        if isinstance(datamodule, ShareGPTDataModule) and trainer.log_dir is not None:
+            path = Path(trainer.log_dir) / DATA_FORMAT_FILE
+            path.write_text(json.dumps(datamodule.data_format.describe(), indent=2) + "\n")
 
 
 class DSparkCLI(LightningCLI):
@@ -73,10 +89,13 @@ class DSparkCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         # the data module is cheap to build (its tokenizer loads lazily): check the data this stage reads before the
         # model loads its target, which takes minutes for a large one
+        checked = None
         if self.subcommand in LIGHTNING_COMMANDS:
-            data = self._get(self.config, "data")
-            ShareGPTDataModule(**data.as_dict()).check_sources(self.subcommand, configured_only=True)
+            checked = ShareGPTDataModule(**self._get(self.config, "data").as_dict())
+            checked.check_sources(self.subcommand, configured_only=True)
         super().instantiate_classes()
+        if checked is not None and checked.resolved_format is not None:  # from the same options: logged once
+            self.datamodule.adopt_format(checked.resolved_format)
 
     def instantiate_trainer(self, **kwargs):
         # the loggers exist (jsonargparse built them), nothing has read a version yet: claim the run directories now
@@ -146,6 +165,7 @@ def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: 
         args=None if args is None else argv,
         run=run,
         seed_everything_default=0,
+        save_config_callback=SaveConfigAndDataFormat,
         save_config_kwargs={"overwrite": False},
         parser_kwargs={"epilog": epilog} if epilog else {},
     )

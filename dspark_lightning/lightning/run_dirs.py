@@ -10,6 +10,7 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 _PREFIX = "version_"
+DATA_FORMAT_FILE = "data_format.json"  # the run's resolved data format, written next to config.yaml (lightning/cli.py)
 
 
 def claim_version_dir(root: str | os.PathLike) -> int:
@@ -62,7 +63,7 @@ def claim_run_directories(loggers) -> list[Path]:
 
 
 # What a run leaves in its directory before its first step: removing a directory with anything else would lose work.
-_BEFORE_FIRST_STEP = {"config.yaml", "hparams.yaml", "metrics.csv"}
+_BEFORE_FIRST_STEP = {"config.yaml", DATA_FORMAT_FILE, "hparams.yaml", "metrics.csv"}
 
 
 def remove_unstarted_run_directories(claimed: list[Path]) -> list[Path]:

@@ -8,8 +8,9 @@ then train with ``model.drafter.draft_vocab: runs/draft_vocab.safetensors`` (rea
 them in the speculators layout (offset ``d2t``, bool ``t2d``).
 
 Design choices:
-- Tokens are counted exactly as training sees them: conversations go through ``ShareGPTDataModule`` (the target's
-  chat template, assistant-only loss mask, the same bad-record rules), in file order, and only positions with
+- Tokens are counted exactly as training sees them: records go through ``ShareGPTDataModule`` (the target's
+  chat template and assistant-only loss mask, or completion records' completion-only mask under ``--format``; the
+  same bad-record rules), in file order, and only positions with
   ``loss_mask = 1`` count - those are the tokens the drafter predicts. ``block_size`` filtering is off, so short
   replies count too; ``seq_len`` truncates very long conversations as training would.
 - Selection: the ``size`` most frequent ids, ties broken by lower id (as speculators does), after forcing in the
@@ -27,6 +28,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
@@ -131,6 +133,7 @@ def build_draft_vocab(
     trust_remote_code: bool = False,
     chat_template_kwargs: dict | None = None,
     held_out: str | Sequence[str] | None = None,
+    format: str = "auto",
 ) -> tuple[DraftVocab, torch.Tensor, dict]:
     """Count the loss-masked tokens of ``data`` and select the draft vocabulary; returns (vocab, counts, summary).
 
@@ -138,8 +141,9 @@ def build_draft_vocab(
     which is what drafting unseen conversations meets, while ``coverage`` is measured on the data it was chosen from.
     """
     options = dict(
-        mask_token=mask_token, trust_remote_code=trust_remote_code, chat_template_kwargs=chat_template_kwargs
-    )
+        mask_token=mask_token, trust_remote_code=trust_remote_code, chat_template_kwargs=chat_template_kwargs,
+        format=format,
+    )  # fmt: skip
     counts, dm, V = _supervised_counts(tokenizer, data, seq_len, batch_size, max_rows, vocab_size, **options)
     try:
         mask_id = dm.mask_token_id
@@ -152,6 +156,7 @@ def build_draft_vocab(
         "tokenizer": tokenizer,
         "verifier_vocab_size": V,
         "draft_vocab_size": size,
+        "data_format": dm.data_format.format,
         "supervised_tokens": total,
         "distinct_tokens": int((counts > 0).sum()),
         "coverage": float(counts[vocab.d2t].sum()) / total,
@@ -190,6 +195,7 @@ def draft_vocab_command(
     mask_token: str | None = None,
     trust_remote_code: bool = False,
     held_out: list[str] | str | None = None,
+    format: Literal["auto", "chat", "completion"] = "auto",
 ) -> dict:
     """Build a reduced draft vocabulary (d2t/t2d) from the assistant-token frequencies of a dataset.
 
@@ -205,6 +211,7 @@ def draft_vocab_command(
         mask_token: mask token when the tokenizer defines none
         trust_remote_code: let transformers run the tokenizer's own code
         held_out: files / globs the vocabulary is not built from: also report its coverage there
+        format: the records' format, as data.format: chat, completion (base models) or auto (docs/data.md §1.5)
     """
     vocab, counts, summary = build_draft_vocab(
         tokenizer,
@@ -217,6 +224,7 @@ def draft_vocab_command(
         mask_token=mask_token,
         trust_remote_code=trust_remote_code,
         held_out=held_out,
+        format=format,
     )
     save_draft_vocab(vocab, output, counts, {k: v for k, v in summary.items() if not k.endswith("bad_records")})
     summary["output"] = str(output)

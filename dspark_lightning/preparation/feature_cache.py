@@ -88,8 +88,10 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         max_length=args.max_length,
         trust_remote_code=args.trust_remote_code,
         chat_template_kwargs=args.chat_template_kwargs,
+        format=args.format,
     )
     datamodule.check_sources("fit", options={"train": "--data"})  # every data file sniffed before the target loads
+    data_format = datamodule.data_format.format  # resolved (and logged) from --format, the records and the tokenizer
     output = Path(args.output)
     settings = _settings(args, layer_ids)
     per_sample = bytes_per_sample(args.seq_len, config.hidden_size, len(layer_ids), args.dtype)
@@ -104,13 +106,16 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     else:
         log(f"size estimate: {format_bytes(per_sample)} per packed sample ({shape}); count pass skipped")
     if args.dry_run:
-        return {"bytes_per_sample": per_sample, **settings}
+        return {"bytes_per_sample": per_sample, **settings, "data_format": data_format}
 
     index_path = output / INDEX_NAME
-    index = {"format": CACHE_FORMAT, **settings, "hidden_size": config.hidden_size, "shards": [], "complete": False}
+    index = {"format": CACHE_FORMAT, **settings, "data_format": data_format, "hidden_size": config.hidden_size}
+    index |= {"shards": [], "complete": False}
     if index_path.exists():
         previous = json.loads(index_path.read_text())
         different = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        if previous.get("data_format", "chat") != data_format:  # caches from before the record: conversations
+            different["data_format"] = (previous.get("data_format", "chat"), data_format)
         if previous.get("format") != CACHE_FORMAT and not previous.get("complete"):
             different["format"] = (previous.get("format"), CACHE_FORMAT)  # shards without the teacher statistics
         if different:
@@ -215,6 +220,7 @@ def cache_command(
     count_pass: bool = True,
     dry_run: bool = False,
     trust_remote_code: bool = False,
+    format: Literal["auto", "chat", "completion"] = "auto",
 ) -> dict[str, Any]:
     """Run the frozen target once over packed conversations and store its features (train with no target).
 
@@ -240,6 +246,7 @@ def cache_command(
         count_pass: count the packed samples first (a size estimate and a progress total)
         dry_run: print the size estimate and stop
         trust_remote_code: let transformers run the target's own modelling code
+        format: the records' format, as data.format: chat, completion (base models) or auto (docs/data.md §1.5)
     """
     if not 0 <= job_index < num_jobs:
         raise SystemExit(f"--job_index must be in [0, {num_jobs}), got {job_index}")
