@@ -1,9 +1,10 @@
-"""Data: ShareGPT/OpenAI conversations -> tokenised, assistant-masked, packed training samples.
+"""Data: ShareGPT/OpenAI conversations (or, for targets without a chat template, completion records of a prompt and
+its continuation: ``data.format``, docs/data.md §1.5) -> tokenised, loss-masked, packed training samples.
 
 The batch contract every training component relies on (a dict of tensors, one row per packed sample):
 
     input_ids     LongTensor[b, S]  token ids; padding positions hold the tokenizer's pad id
-    loss_mask     BoolTensor[b, S]  True on assistant (supervised) tokens only
+    loss_mask     BoolTensor[b, S]  True on supervised tokens only (assistant tokens, or completion tokens)
     document_ids  LongTensor[b, S]  0..n-1 for the documents packed into the row, -1 on padding
     position_ids  LongTensor[b, S]  position inside its own document (0 at every document start), 0 on padding
 
@@ -16,6 +17,7 @@ from dspark_lightning import lazy_exports
 _EXPORTS = {
     "ShareGPTDataModule": "dspark_lightning.data.datamodule",
     "ConversationEncoder": "dspark_lightning.data.tokenize",
+    "CompletionEncoder": "dspark_lightning.data.completion",
     "SequencePacker": "dspark_lightning.data.tokenize",
     "BAD_RECORD_REASONS": "dspark_lightning.data.sharegpt",
     "BadRecordError": "dspark_lightning.data.sharegpt",

@@ -14,6 +14,7 @@ import torch
 import yaml
 from helpers.base_targets import base_model_copy
 from helpers.paths import ASSETS, ROOT
+from helpers.readme import readme_commands
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -144,3 +145,30 @@ def test_cache_and_draft_vocab_read_completion_records_as_training_does(tmp_path
     counts = load_file(str(tmp_path / "vocab.safetensors"))["counts"]
     assert summary["data_format"] == "completion" and summary["supervised_tokens"] == expected.total()
     assert {i: int(c) for i, c in enumerate(counts.tolist()) if c} == dict(expected)
+
+
+def test_readme_base_model_commands_run_at_demo_scale(tmp_path, monkeypatch):
+    """README "Base models: completion data", each command as written plus a small limit, outputs under tmp_path."""
+    monkeypatch.chdir(ROOT)  # the commands use repository-relative paths
+    section = (ROOT / "README.md").read_text().split("\n### Base models: completion data\n", 1)[1].split("\n### ")[0]
+    ran = Counter()
+    for words in readme_commands(section):
+        args = [str(tmp_path / a) if a.startswith("data/completion") else a for a in words]
+        if args[0] == "regenerate":
+            summary = cli_main([*args, "--limit", "6", "--max_new_tokens", "16", "--device", "cpu"])
+            assert summary["format"] == "completion" and summary["written"] == 6
+        else:
+            cli = cli_main([
+                *args, f"--data.train_files={tmp_path / 'data/completion/train/train-*.jsonl'}",
+                f"--data.val_files={tmp_path / 'data/completion/val/validation-*.jsonl'}", "--trainer.max_steps=2",
+                "--trainer.val_check_interval=2", "--trainer.callbacks=[]", "--data.batch_size=2",
+                "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path / 'runs'}",
+                "--model.drafter.max_anchors=8",
+            ])  # fmt: skip
+            assert float(cli.trainer.callback_metrics["val/tau"]) >= 1.0
+            (run,) = (tmp_path / "runs").glob("*/version_*")
+            assert json.loads((run / "data_format.json").read_text())["reason"] == "data.format=completion"
+        ran[args[0]] += 1
+    assert ran == {"regenerate": 2, "fit": 1}
+    records = [json.loads(line) for line in (tmp_path / "data/completion/val/validation-00000.jsonl").open()]
+    assert len(records) == 6 and set(records[0]) == {"id", "prompt", "completion"}
