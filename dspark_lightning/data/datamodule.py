@@ -1,4 +1,5 @@
-"""``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations for Lightning.
+"""``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations (or completion records,
+``format``: ``formats.py``, chosen once from the records and the tokenizer, never an invented chat template).
 
 Design choices:
 - Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows); training
@@ -10,10 +11,9 @@ Design choices:
   with ``limit_train_batches`` / ``max_steps`` so every rank runs the same number of steps.
 - The epoch passed to ``set_epoch`` is the trainer's ``current_epoch`` when a trainer is attached, otherwise the number
   of times that training loader has been iterated.
-- Counting with workers (``accounting.py``): exact per-worker counts; ``data_stats(split)`` /
-  ``bad_record_counts(split)`` report this rank's last (or current) pass, logged when the loader is exhausted (a
-  warning the first time a split skipped anything) and summarised by ``teardown``. A pass that yields no row at all is
-  an error listing the skip counts by reason. Eval prompts are read apart, in the main process, and not counted.
+- Counting with workers (``accounting.py``, reported by ``reports.py``): exact per-worker counts; ``data_stats`` /
+  ``bad_record_counts`` report this rank's last (or current) pass, logged when the loader is exhausted and summarised
+  by ``teardown``; a pass with no row is an error listing the skips by reason. Eval prompts are read apart, uncounted.
 - ``setup`` sniffs every local file of the splits it will read (``files.py``) so an unreadable file fails before the
   first step, not hours into training.
 - Offline target cache (``train_cache`` / ``val_cache``, ``cache.py``): such a split reads packed samples *with* the

@@ -7,7 +7,8 @@ Design choices:
   conversation or a completion record decides. Completion records -> ``completion``. Conversations -> ``chat`` when
   the tokenizer has a chat template; a tokenizer without one is a :class:`DataFormatError` naming ``data.format``
   and how to get completion records, never a made-up template. No record to look at (empty files, training from
-  caches only) -> ``chat`` with a chat template, else ``completion``.
+  caches only) -> the format the caches were written from, else ``chat`` with a chat template and ``completion``
+  without. Caches written from the other format than the one chosen are an error.
 - An explicit format is checked the same way: ``chat`` needs a chat template, and the first record must be of the
   format asked for (a whole file of the other kind is named at once, instead of every record being skipped).
   Records of the other kind later in the data are bad records (``format_mismatch``), counted and named like any other.
