@@ -76,7 +76,7 @@ def test_fit_on_completion_records_saves_the_chosen_format_with_the_run(tmp_path
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["datamodule_hyper_parameters"]["format"] == "completion"  # what decode rebuilds the data with
 
-    from dspark_lightning.evaluation.eval_set_decoding import eval_set_prompts
+    from dspark_lightning.data.eval_sets import datamodule_prompt_ids, load_eval_set
     from dspark_lightning.evaluation.loading import load_trained
 
     _, data = load_trained(str(run / "checkpoints/last.ckpt"))
@@ -84,9 +84,7 @@ def test_fit_on_completion_records_saves_the_chosen_format_with_the_run(tmp_path
     prompts = [json.loads(line)["prompt"] for line in files["val"].read_text().splitlines()[:2]]
     assert data.data_format.format == "completion" and data.data_format.requested == "completion"
     assert data.eval_prompts()[:2] == [tokenizer(p)["input_ids"] for p in prompts]
-    humaneval = eval_set_prompts(data, "humaneval", 1, None, None)  # its completion form: the raw prompt
-    from dspark_lightning.data.eval_sets import load_eval_set
-
+    humaneval = datamodule_prompt_ids(data, "humaneval", 1)  # its completion form: the raw prompt
     assert humaneval == [tokenizer(load_eval_set("humaneval", form="completion", limit=1).prompts[0])["input_ids"]]
 
 
