@@ -5,7 +5,8 @@
 A point is a checkpoint ``<study_dir>/<run>/step=<N>.ckpt`` with its ``step=<N>.decode.json`` (``decode --eval_sets
 ... --baseline false --json``, as ``reports/smollm2_study/run.sh`` writes them). What each point trained with is read
 from the checkpoint itself (drafter layers and anchors, learning rate, training caches, seed), never typed here; the
-conversations it saw are the ``records`` of each training cache's ``index.json``; CPU seconds per step come from the
+conversations it saw are the ``records`` of each training cache's ``index.json``; a run's last checkpoint also gets the
+teacher-forced greedy tau its fit printed at its one validation (``<run>.fit.log``, 16 cached validation rows); CPU seconds per step come from the
 modification times of the run's consecutive checkpoints (a run's length is its last checkpoint's step) (both under the same load, which the report states).
 
 The extrapolation fits measured tau = a + b * log10(training tokens) per evaluation set by least squares over the
@@ -43,6 +44,14 @@ def checkpoint_settings(ckpt: Path) -> dict:
     )  # fmt: skip
 
 
+def final_tf_greedy_tau(fit_log: Path) -> float | None:
+    """The teacher-forced greedy tau of the run's last validation, as the fit's summary table printed it."""
+    values = (
+        re.findall(r"greedy_tau \(teacher-forced\)\s*│\s*([0-9.]+)", fit_log.read_text()) if fit_log.exists() else []
+    )
+    return float(values[-1]) if values else None
+
+
 def collect(study_dir: Path) -> list[dict]:
     points = []
     for decode_json in sorted(study_dir.glob("*/step=*.decode.json")):
@@ -52,11 +61,13 @@ def collect(study_dir: Path) -> list[dict]:
         ckpts = sorted(decode_json.parent.glob("step=*.ckpt"), key=lambda p: int(re.search(r"\d+", p.name)[0]))
         times = [(int(re.search(r"\d+", p.name)[0]), p.stat().st_mtime) for p in ckpts]
         per_step = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(times, times[1:], strict=False)]
+        # the fit validates once, at its last step: the run's own teacher-forced number on the cached validation rows
+        tf_tau = final_tf_greedy_tau(study_dir / f"{run}.fit.log") if step == times[-1][0] else None
         for row in json.loads(decode_json.read_text()):
             points.append(dict(
                 run=run, step=step, max_steps=times[-1][0], **settings,
                 training_tokens=step * settings["batch_size"] * settings["seq_len"],
-                seconds_per_step=sum(per_step) / len(per_step) if per_step else None,
+                seconds_per_step=sum(per_step) / len(per_step) if per_step else None, tf_greedy_tau=tf_tau,
                 eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
                 max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
                 measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
@@ -100,8 +111,8 @@ def extrapolate(points: list[dict]) -> dict:
 def table(points: list[dict]) -> str:
     lines = [
         "| run | step | training tokens | layers | anchors | lr | conversations | s/step | eval set | prompts "
-        "| measured tau [95% CI] |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "| measured tau [95% CI] | teacher-forced greedy tau |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|",
     ]
     for p in points:
         lo, hi = p["measured_tau_ci"]
@@ -109,7 +120,8 @@ def table(points: list[dict]) -> str:
         lines.append(
             f"| {p['run']} | {p['step']} | {p['training_tokens']:,} | {p['num_layers']} | {p['max_anchors']} "
             f"| {p['lr']:g} | {p['conversations']:,} | {sps} | {p['eval_set']} | {p['num_prompts']} "
-            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] |"
+            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"| {'-' if p['tf_greedy_tau'] is None else format(p['tf_greedy_tau'], '.3f')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -18,7 +18,7 @@ def point(run, step, tau, eval_set="sharegpt_heldout", max_steps=600, **settings
     config = dict(num_layers=1, max_anchors=32, lr=1e-3, conversations=1284) | settings
     return dict(
         run=run, step=step, max_steps=max_steps, **config, seq_len=1024, batch_size=1, training_tokens=step * 1024,
-        seconds_per_step=0.5, eval_set=eval_set, num_prompts=16, measured_tau=tau, measured_tau_ci=[tau - 0.1, tau + 0.1],
+        seconds_per_step=0.5, tf_greedy_tau=None, eval_set=eval_set, num_prompts=16, measured_tau=tau, measured_tau_ci=[tau - 0.1, tau + 0.1],
     )  # fmt: skip
 
 
@@ -54,10 +54,20 @@ def test_extrapolation_is_the_least_squares_line_in_log_tokens_solved_for_the_ta
     assert "humaneval" not in fit  # one point: no line
 
 
+def test_the_last_validation_of_a_fit_log_is_its_teacher_forced_number(tmp_path):
+    log = tmp_path / "run.fit.log"
+    log.write_text(
+        "│ tau (teacher-forced)  │  1.2000 │\n│ greedy_tau (teacher-forced)  │  1.3000 │\n"
+        "noise\n│ greedy_tau (teacher-forced)  │  1.3250 │\n"
+    )
+    assert report.final_tf_greedy_tau(log) == 1.325
+    assert report.final_tf_greedy_tau(tmp_path / "missing.log") is None
+
+
 def test_table_and_plot(tmp_path):
     text = report.table(POINTS)
     assert (
-        "| anchors128 | 600 | 614,400 | 1 | 128 | 0.001 | 1,284 | 0.50 | sharegpt_heldout | 16 | 1.500 [1.400, 1.600] |"
+        "| anchors128 | 600 | 614,400 | 1 | 128 | 0.001 | 1,284 | 0.50 | sharegpt_heldout | 16 | 1.500 [1.400, 1.600] | - |"
         in text
     )
     report.plot(POINTS, tmp_path / "plot.png")
