@@ -53,12 +53,17 @@ LIGHTNING_COMMANDS = {
 class SaveConfigAndDataFormat(SaveConfigCallback):
     """LightningCLI's ``config.yaml``, and next to it ``data_format.json``: the format the run reads its records in
     (``data.format`` with ``auto`` resolved, what was asked for, why, and whether the tokenizer has a chat template;
-    docs/data.md §1.5). Rank 0 only, once, like the config."""
+    docs/data.md §1.5). Written by rank 0, once, like the config."""
 
-    def save_config(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        first = not self.already_saved
+        # on every rank: trainer.log_dir broadcasts rank 0's directory, so asking on rank 0 alone (save_config runs
+        # there only) deadlocks DDP
+        log_dir = trainer.log_dir if first else None
+        super().setup(trainer, pl_module, stage)
         datamodule = trainer.datamodule
-        if isinstance(datamodule, ShareGPTDataModule) and trainer.log_dir is not None:
-            path = Path(trainer.log_dir) / DATA_FORMAT_FILE
+        if first and trainer.is_global_zero and log_dir is not None and isinstance(datamodule, ShareGPTDataModule):
+            path = Path(log_dir) / DATA_FORMAT_FILE
             path.write_text(json.dumps(datamodule.data_format.describe(), indent=2) + "\n")
 
 
