@@ -39,6 +39,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "train_step": ([], ["--quick"], "train_step", "train_step_quick"),
     "training_step": ([], ["--quick"], "training_step", "training_step_quick"),
+    "gemma_step": ([], ["--quick"], "gemma_step", "gemma_step_quick"),
     "loss_memory": (["--threads", "1"], ["--rows", "64", "--vocab", "4096"], "loss_memory", "loss_memory"),
     "selector": (["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
     "scaling": ([], ["--quick"], "scaling", "scaling_quick"),
@@ -49,7 +50,7 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
 }
 # fmt: on
 # the others get RESULTS patched instead
-OUT_DIR_OPTION = {"train_step", "training_step", "scaling", "quickstart", "decode", "verify_kernels"}
+OUT_DIR_OPTION = {"train_step", "training_step", "gemma_step", "scaling", "quickstart", "decode", "verify_kernels"}
 
 
 def discover() -> dict[str, tuple[list[str], list[str], str | None, str | None]]:

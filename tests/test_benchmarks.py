@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, n
 
 from benchmarks import (  # noqa: E402
     bench_decode,
+    bench_gemma_step,
     bench_quickstart,
     bench_scaling,
     bench_train_step,
@@ -64,6 +65,20 @@ def test_training_step_quick_writes_before_and_after(tmp_path):
     assert header == bench_training_step.COLUMNS and [r["side"] for r in rows] == ["before", "fallback", "after"]
     markdown = (tmp_path / "training_step_quick.md").read_text()
     assert "synthetic cache" in markdown and "| teacher (LM head" in markdown
+
+
+def test_gemma_step_quick_writes_both_vocabularies(tmp_path):
+    """Tiny Gemma 3 shapes, one round, the full-vocabulary pass comparison skipped (no git export)."""
+    record = bench_gemma_step.run(quick=True, out_dir=tmp_path, before_rev=None, log=lambda *_: None)
+    saved = json.loads((tmp_path / "gemma_step_quick.json").read_text())
+    sizes = [saved[side]["draft_vocab_size"] for side in bench_gemma_step.SIDES]
+    assert sizes == [1024, 4096] == [record[side]["draft_vocab_size"] for side in bench_gemma_step.SIDES]
+    for side in bench_gemma_step.SIDES:
+        assert saved[side]["tokens_per_second"] > 0 and saved[side]["peak_memory_mb"] > 0
+        assert set(saved[side]["profile"]["parts"]) >= {"teacher", "draft_head", "markov", "loss", "optimizer"}
+    assert saved["full"]["trainable_params"] > saved["vd32k"]["trainable_params"]  # W2 and nothing else grows
+    markdown = (tmp_path / "gemma_step_quick.md").read_text()
+    assert "| Vd = 1,024 |" in markdown and "Not measured: no before revision" in markdown
 
 
 def test_scaling_quick_writes_table_and_plots(tmp_path):

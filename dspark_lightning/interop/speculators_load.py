@@ -27,6 +27,7 @@ from dspark_lightning.interop.speculators_format import (
     recorded_verifier,
 )
 from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
+from dspark_lightning.models.target import final_logit_softcap
 from dspark_lightning.selector.convert import read_candidate_selector
 
 
@@ -133,7 +134,8 @@ def load_exported(
         tensors["fc.weight"] = (fc.view(fc.shape[0], len(scales), -1) * torch.tensor(scales)[:, None]).flatten(1)
 
     backbone, drafter_config = drafter_configs(config, layer_ids, markov, train_lm_head)
-    drafter = DSparkDrafter(drafter_config, backbone, target.embed_tokens, target.lm_head, vocab)
+    softcap = final_logit_softcap(target.config)  # the teacher's logits are the target's (soft-capped on Gemma 2)
+    drafter = DSparkDrafter(drafter_config, backbone, target.embed_tokens, target.lm_head, vocab, softcap)
 
     state, missing = {}, []
     for name in drafter.state_dict():

@@ -35,7 +35,7 @@ from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.models.sparse_attention import grouped_context
-from dspark_lightning.models.target import rope_theta
+from dspark_lightning.models.target import final_logit_softcap, rope_theta
 from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, full_vocab_teacher
 from dspark_lightning.models.vocab import DraftVocab
 
@@ -73,9 +73,13 @@ class DSparkDrafter(nn.Module):
         embed_tokens: nn.Embedding,
         lm_head: nn.Linear,
         draft_vocab: DraftVocab | None = None,
+        logit_softcap: float | None = None,
     ) -> None:
+        """``logit_softcap``: the target's final logit soft-cap (``final_logit_softcap(target.config)``), applied to
+        the teacher's logits only; the draft logits are the drafter's own."""
         super().__init__()
         self.config = config
+        self.logit_softcap = logit_softcap
         vocab_size = embed_tokens.weight.shape[0]
         if config.mask_token_id is None or not 0 <= config.mask_token_id < vocab_size:
             raise ValueError(
@@ -108,7 +112,8 @@ class DSparkDrafter(nn.Module):
 
     @classmethod
     def for_target(cls, config: DrafterConfig, target, draft_vocab: DraftVocab | None = None) -> DSparkDrafter:
-        """Build a drafter shaped after a ``FrozenTarget`` (its hidden size, heads, rotary base, layers)."""
+        """Build a drafter shaped after a ``FrozenTarget`` or ``TargetHeads`` (its hidden size, heads, rotary base,
+        layers; its input embedding module, LM head and final logit soft-cap)."""
         if config.target_layer_ids is None:  # record which target layers feed this drafter (export needs them)
             config = dataclasses.replace(config, target_layer_ids=list(target.target_layer_ids))
         tc = target.config
@@ -127,7 +132,8 @@ class DSparkDrafter(nn.Module):
             sliding_window=config.sliding_window,
             layer_types=config.layer_types,
         )
-        return cls(config, backbone_config, target.embed_tokens, target.lm_head, draft_vocab)
+        softcap = final_logit_softcap(tc)
+        return cls(config, backbone_config, target.embed_tokens, target.lm_head, draft_vocab, softcap)
 
     @property
     def block_size(self) -> int:
@@ -325,9 +331,9 @@ class DSparkDrafter(nn.Module):
         if stats is not None:
             logsumexp, argmax = stats.take(unique)
             head = self._draft_head_rows() if self.draft_vocab is not None else self.lm_head.weight
-            logprobs = draft_logprobs(rows, head, logsumexp)
+            logprobs = draft_logprobs(rows, head, logsumexp, self.logit_softcap)
         else:
-            logprobs, argmax = full_vocab_teacher(rows, self.lm_head.weight, self.d2t)
+            logprobs, argmax = full_vocab_teacher(rows, self.lm_head.weight, self.d2t, softcap=self.logit_softcap)
         if unique.numel() != flat.numel() or not torch.equal(unique, flat):
             logprobs, argmax = logprobs[inverse], argmax[inverse]
         return logprobs.view(*positions.shape, -1), argmax.view(positions.shape)

@@ -17,7 +17,9 @@ offline feature cache (``dspark_lightning.data.cache``). It reads just those ten
 files (a local directory or the hub; with a sharded checkpoint only the shards that hold them are downloaded). The
 tensor names come from building the model on the meta device (no memory) and asking it which parameters are its
 input and output embeddings; a tied LM head (``tie_word_embeddings``) shares the embedding's weight, as it does in
-the full model.
+the full model. The input embedding is the model's own module class, so it embeds as the full model does: Gemma's
+``Gemma3TextScaledWordEmbedding`` multiplies by sqrt(hidden), and a plain ``nn.Embedding`` around the stored weight
+would not (docs/design.md §11).
 """
 
 from __future__ import annotations
@@ -206,8 +208,7 @@ class TargetHeads(nn.Module):
                 tensor = handle.get_tensor(name)
             return tensor if dtype == "auto" else tensor.to(dtype)
 
-        embed_weight = load(names["embed"])
-        embed_tokens = nn.Embedding(*embed_weight.shape, _weight=embed_weight, _freeze=True)
+        embed_tokens = _input_embedding(skeleton, load(names["embed"]), name_or_path)
         if tied:
             head_weight = embed_tokens.weight
         elif names["head"] in weight_map:
@@ -240,9 +241,54 @@ class TargetHeads(nn.Module):
         )
 
 
+def _input_embedding(skeleton: nn.Module, weight: torch.Tensor, name_or_path: str) -> nn.Module:
+    """The meta ``skeleton``'s own input-embedding module holding ``weight`` (frozen): the same class as in the full
+    model, so it embeds the same way (Gemma scales by sqrt(hidden) in its forward). Its non-persistent buffers (Gemma's
+    ``embed_scale``) are not in the checkpoint; the model's own weight initialisation fills them, as ``from_pretrained``
+    does (the weight is still on the meta device then, so nothing else is computed)."""
+    module = skeleton.get_input_embeddings()
+    buffers = [(owner, name) for owner in module.modules() for name, b in owner.named_buffers(recurse=False)]
+    for owner, name in buffers:
+        owner._buffers[name] = torch.empty_like(owner._buffers[name], device=weight.device)
+    if buffers:
+        skeleton._init_weights(module)
+    module.weight = nn.Parameter(weight, requires_grad=False)
+    unset = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if unset:
+        raise ValueError(
+            f"target {name_or_path!r}: the input embedding ({type(module).__name__}) has tensors {unset} that are "
+            "neither in the checkpoint nor set by the model's initialisation; train online instead of from a cache"
+        )
+    return module
+
+
 def rope_theta(config) -> float:
-    """The target's rotary base across transformers versions (``rope_theta`` or ``rope_parameters``)."""
+    """The rotary base of the draft layers, from the target's config across transformers versions.
+
+    A single base (``rope_parameters["rope_theta"]`` in transformers 5, ``rope_theta`` before): that one. Bases per
+    layer type (Gemma 3 in transformers 5: ``rope_parameters = {"sliding_attention": {...}, "full_attention": {...}}``):
+    the full-attention layers' base, because every draft layer reads the whole context as the target's full layers do
+    (docs/design.md §11); transformers 4 stored that one as ``rope_theta`` (the local one as ``rope_local_base_freq``).
+    """
     params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return float(getattr(config, "rope_theta", 10_000.0))
+    if isinstance(params, dict):
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+        per_type = {kind: p for kind, p in params.items() if isinstance(p, dict) and "rope_theta" in p}
+        if "full_attention" in per_type:
+            return float(per_type["full_attention"]["rope_theta"])
+        if len(per_type) == 1:
+            return float(next(iter(per_type.values()))["rope_theta"])
+        if per_type:
+            raise ValueError(
+                f"the target's rope_parameters give bases per layer type {sorted(per_type)} but none for "
+                "full_attention: the draft layers' rotary base is ambiguous"
+            )
+    theta = getattr(config, "rope_theta", None)
+    return float(theta) if theta is not None else 10_000.0
+
+
+def final_logit_softcap(config) -> float | None:
+    """The target's final logit soft-cap c (Gemma 2: logits = c·tanh(W h / c)), or None when it has none (Gemma 3)."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    return float(cap) if cap else None

@@ -13,7 +13,14 @@ the head runs over V at the distinct teacher positions only, and logZ and the ar
 
 Numbers: logits are computed in the LM head's dtype (as ``lm_head(h)`` computes them) and reduced in fp32 (fp64 for
 an fp64 head); logZ = m + log Σ exp(logit − m) with m the row maximum, and the argmax is the first index of m
-(``torch.max`` over the row, the convention of ``argmax``).
+(``torch.max`` over the row, the convention of ``argmax``). A target with a final logit soft-cap c (Gemma 2) has the
+logits c·tanh(h·W / c); every function here takes it as ``softcap`` and applies it before anything else.
+
+Cost at large V (Gemma 3: V = 262,144): the full-vocabulary pass works on tiles of at most ``chunk_elements`` logits,
+up to ``MAX_TILE_ROWS`` rows against as many vocabulary rows as fit, carrying the row maximum, the running sum of
+exponentials and the argmax across the vocabulary tiles (the streaming logsumexp). The head is then read once per
+``MAX_TILE_ROWS`` positions; cutting the rows alone (16 positions per 16 MiB at that V) read the whole 262k x H head
+again for every 16 positions, which made the pass about 3x slower than its one matrix product on a CPU.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# fp32 logits per chunk of the full-vocabulary pass (16 MiB): bounds its memory for any number of positions
+# fp32 logits per tile of the full-vocabulary pass (16 MiB): bounds its memory for any number of positions
 STATS_CHUNK_ELEMENTS = 1 << 22
+# positions per tile: the LM head is read once per this many positions (each tile then spans >= 4096 vocabulary rows)
+MAX_TILE_ROWS = STATS_CHUNK_ELEMENTS >> 12
 
 
 @dataclass
@@ -44,62 +53,94 @@ def compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return torch.float64 if weight.dtype == torch.float64 else torch.float32
 
 
-def _chunk_rows(vocab_size: int, chunk_elements: int) -> int:
-    return max(1, chunk_elements // max(vocab_size, 1))
+def soft_cap(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """c·tanh(logits / c) in place (Gemma 2's final logit soft-cap), or ``logits`` unchanged when ``softcap`` is None."""
+    return logits if softcap is None else logits.div_(softcap).tanh_().mul_(softcap)
 
 
 @torch.no_grad()
 def full_vocab_stats(
-    hidden: torch.Tensor, weight: torch.Tensor, chunk_elements: int = STATS_CHUNK_ELEMENTS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    chunk_elements: int = STATS_CHUNK_ELEMENTS,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logsumexp and argmax over V of ``hidden [..., H] @ weight[V, H].T``: ([...] float, [...] long)."""
-    lse, argmax, _ = _full_vocab_pass(hidden, weight, None, chunk_elements)
+    lse, argmax, _ = _full_vocab_pass(hidden, weight, None, chunk_elements, softcap=softcap)
     return lse, argmax
 
 
 @torch.no_grad()
 def full_vocab_teacher(
-    hidden: torch.Tensor, weight: torch.Tensor, d2t: torch.Tensor | None, chunk_elements: int = STATS_CHUNK_ELEMENTS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    d2t: torch.Tensor | None,
+    chunk_elements: int = STATS_CHUNK_ELEMENTS,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p at the draft ids ``d2t`` (all V ids when None) [..., Vd], the full-vocabulary argmax [...]) of rows
-    ``hidden [..., H]``, one pass over the full logits chunk by chunk: the teacher without stored stats."""
-    lse, argmax, logprobs = _full_vocab_pass(hidden, weight, d2t, chunk_elements, gather=True)
+    ``hidden [..., H]``, one pass over the full logits tile by tile: the teacher without stored stats."""
+    lse, argmax, logprobs = _full_vocab_pass(hidden, weight, d2t, chunk_elements, gather=True, softcap=softcap)
     return logprobs, argmax
 
 
-def _full_vocab_pass(hidden, weight, d2t, chunk_elements, gather: bool = False):
+def _full_vocab_pass(hidden, weight, d2t, chunk_elements, gather: bool = False, softcap: float | None = None):
     lead, rows = hidden.shape[:-1], hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
     cd, n, vocab = compute_dtype(weight), rows.shape[0], weight.shape[0]
     lse = torch.empty(n, dtype=cd, device=rows.device)
     argmax = torch.empty(n, dtype=torch.long, device=rows.device)
-    width = (vocab if d2t is None else d2t.numel()) if gather else 0
-    logprobs = torch.empty(n, width, dtype=cd, device=rows.device) if gather else None
-    step = _chunk_rows(vocab, chunk_elements)
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        logits = F.linear(rows[start:stop], weight).to(cd)
-        top, argmax[start:stop] = logits.max(dim=-1)
-        if gather:  # the draft columns, before the exp below reuses the logits' storage
-            picked = logits if d2t is None else logits.index_select(-1, d2t)
-            logprobs[start:stop] = picked
-        lse[start:stop] = logits.sub_(top[:, None]).exp_().sum(-1).log_().add_(top)
+    tile_rows = max(1, min(n, chunk_elements >> 12, MAX_TILE_ROWS))
+    tile_vocab = max(1, chunk_elements // tile_rows)
+    starts = list(range(0, vocab, tile_vocab))
+    if gather:  # the draft ids in ascending order, where each one's column goes, and which of them each tile holds
+        ids = torch.arange(vocab, device=rows.device) if d2t is None else d2t.to(rows.device)
+        columns, slot = ids.sort()
+        in_order = bool(torch.equal(slot, torch.arange(ids.numel(), device=slot.device)))  # a DraftVocab's d2t is
+        # ascending, so its columns go to contiguous slices; any other order is scattered into place
+        edges = torch.tensor([*starts, vocab], device=columns.device)
+        bounds = torch.searchsorted(columns, edges).tolist()
+        logprobs = torch.empty(n, ids.numel(), dtype=cd, device=rows.device)
+    for r0 in range(0, n, tile_rows):
+        block, r1 = rows[r0 : r0 + tile_rows], min(r0 + tile_rows, n)
+        top = torch.full((r1 - r0,), float("-inf"), dtype=cd, device=rows.device)
+        total = torch.zeros_like(top)
+        for tile, v0 in enumerate(starts):
+            logits = soft_cap(F.linear(block, weight[v0 : v0 + tile_vocab]).to(cd), softcap)
+            tile_top, tile_arg = logits.max(dim=-1)
+            better = tile_top > top  # strictly: an equal maximum in a later tile keeps the first index
+            argmax[r0:r1] = torch.where(better, tile_arg + v0, argmax[r0:r1]) if tile else tile_arg
+            if gather:  # this tile's draft columns, before the exp below reuses the logits' storage
+                lo, hi = bounds[tile], bounds[tile + 1]
+                picked = logits if d2t is None else logits.index_select(-1, columns[lo:hi] - v0)
+                if in_order:
+                    logprobs[r0:r1, lo:hi] = picked
+                else:
+                    logprobs[r0:r1, slot[lo:hi]] = picked
+            new_top = torch.maximum(top, tile_top)
+            total = total * (top - new_top).exp() + logits.sub_(new_top[:, None]).exp_().sum(-1)
+            top = new_top
+        lse[r0:r1] = total.log_().add_(top)
         if gather:
-            logprobs[start:stop] -= lse[start:stop, None]
-    return lse.view(lead), argmax.view(lead), (None if logprobs is None else logprobs.view(*lead, width))
+            logprobs[r0:r1] -= lse[r0:r1, None]
+    return lse.view(lead), argmax.view(lead), (logprobs.view(*lead, -1) if gather else None)
 
 
-def draft_logprobs(rows: torch.Tensor, draft_rows: torch.Tensor, logsumexp: torch.Tensor) -> torch.Tensor:
+def draft_logprobs(
+    rows: torch.Tensor, draft_rows: torch.Tensor, logsumexp: torch.Tensor, softcap: float | None = None
+) -> torch.Tensor:
     """log p at the draft ids from stored stats: ``rows [n, H] @ draft_rows[Vd, H].T − logsumexp[n]`` [n, Vd]."""
     cd = compute_dtype(draft_rows)
-    logits = F.linear(rows.to(draft_rows.dtype), draft_rows).to(cd)
+    logits = soft_cap(F.linear(rows.to(draft_rows.dtype), draft_rows).to(cd), softcap)
     return logits.sub_(logsumexp.to(cd)[:, None])
 
 
 __all__ = [
+    "MAX_TILE_ROWS",
     "STATS_CHUNK_ELEMENTS",
     "TeacherStats",
     "compute_dtype",
     "draft_logprobs",
     "full_vocab_stats",
     "full_vocab_teacher",
+    "soft_cap",
 ]

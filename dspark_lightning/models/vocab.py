@@ -65,9 +65,10 @@ class DraftVocab(nn.Module):
         if len(set(always_include)) > draft_vocab_size:
             raise ValueError("more always-included ids than the draft vocabulary has room for")
         counts[list(always_include)] = float("inf")
-        # stable ordering: by count descending, then id ascending
-        order = sorted(range(V), key=lambda i: (-counts[i].item(), i))
-        return cls(torch.tensor(order[:draft_vocab_size]), V)
+        # by count descending, then id ascending (a stable sort keeps equal counts in id order); one tensor sort, not a
+        # Python sort over V elements (0.5 s at Gemma 3's V = 262,144)
+        order = torch.sort(-counts, stable=True).indices
+        return cls(order[:draft_vocab_size], V)
 
 
 def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:

@@ -8,7 +8,8 @@ online one; the index is rewritten after every finished shard, so rerunning the 
 Besides the features it stores, per position, the logsumexp and the argmax of the target's logits over its whole
 vocabulary (``models.teacher.full_vocab_stats``), computed from the *stored* final hidden state (after rounding to
 ``--dtype``) with the target's LM head in its dtype: the numbers the full-vocabulary teacher would compute from the
-cache, so training from the cache can run the LM head over the draft vocabulary only (docs/design.md §3.6).
+cache, so training from the cache can run the LM head over the draft vocabulary only (docs/design.md §3.6); with the
+target's final logit soft-cap applied when it has one (Gemma 2; ``models.target.final_logit_softcap``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dspark_lightning.data.cache import (
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.models.backbone import default_target_layer_ids
-from dspark_lightning.models.target import FrozenTarget, load_causal_lm
+from dspark_lightning.models.target import FrozenTarget, final_logit_softcap, load_causal_lm
 from dspark_lightning.models.teacher import full_vocab_stats
 from dspark_lightning.progress import progress_bar
 
@@ -135,6 +136,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     if not args.device_map:
         model = model.to(device)
     target = FrozenTarget(model, layer_ids)
+    softcap = final_logit_softcap(target.config)  # the statistics are of the target's logits (soft-capped: Gemma 2)
     input_device = target.embed_tokens.weight.device
     output.mkdir(parents=True, exist_ok=True)
     store_dtype = torch_dtype(args.dtype)
@@ -163,7 +165,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         final_hidden = features.final_hidden.to(store_dtype)
         pending["final_hidden"].append(final_hidden.cpu())
         head = target.lm_head.weight  # from the stored (rounded) state, as training from the cache will read it
-        logsumexp, argmax = full_vocab_stats(final_hidden.to(head.device), head)
+        logsumexp, argmax = full_vocab_stats(final_hidden.to(head.device), head, softcap=softcap)
         pending["final_logsumexp"].append(logsumexp.cpu())
         pending["final_argmax"].append(argmax.to(torch.int32).cpu())
 

@@ -36,12 +36,17 @@ GEMMA3_MASK_ID = 4  # Gemma 3's ``<mask>`` id
 
 
 def make_tiny_gemma3(
-    vocab_size: int = 96, num_layers: int = 6, sliding_window: int = 8, hidden_size: int = 32, seed: int = 0
+    vocab_size: int = 96,
+    num_layers: int = 6,
+    sliding_window: int = 8,
+    hidden_size: int = 32,
+    seed: int = 0,
+    final_logit_softcapping: float | None = None,
 ):
     """A random ``Gemma3ForCausalLM`` shaped like Gemma 3 270M, scaled down: sliding-window layers with full attention
     on every sixth layer (the last one when ``num_layers`` < 6, so there is always one), two rotary bases (10k local,
-    1M global), embeddings scaled by sqrt(hidden), tied LM head, no logit soft-capping; the window is tiny so that
-    short prompts cross it."""
+    1M global), embeddings scaled by sqrt(hidden), tied LM head, no logit soft-capping (Gemma 3 has none; pass
+    ``final_logit_softcapping`` for Gemma 2's c·tanh(logits / c)); the window is tiny so that short prompts cross it."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     layer_types = ["sliding_attention"] * num_layers
@@ -65,7 +70,7 @@ def make_tiny_gemma3(
             "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
         },
         tie_word_embeddings=True,
-        final_logit_softcapping=None,
+        final_logit_softcapping=final_logit_softcapping,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,

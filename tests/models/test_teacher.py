@@ -114,6 +114,29 @@ def test_full_vocab_pass_in_chunks_equals_one_pass_and_takes_the_first_maximum()
     assert full_vocab_stats(hidden, torch.zeros(50, 16, dtype=torch.float64))[1].eq(0).all()  # all tied: index 0
 
 
+def test_full_vocab_pass_over_row_and_vocabulary_tiles_equals_the_log_softmax():
+    """A vocabulary larger than one tile (the streaming logsumexp across tiles), several row tiles, a maximum tied
+    across two tiles (the first index wins), draft ids in any order, and a soft-cap."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(21, 8, generator=g, dtype=torch.float64)
+    weight = torch.randn(10_000, 8, generator=g, dtype=torch.float64)
+    weight[9_000] = weight[100] = 4 * hidden[5]  # tiles of 4096 ids: 100 and 9,000 lie in the first and the third
+    d2t = torch.randperm(10_000, generator=g)[:700]
+    for softcap in (None, 2.0):
+        logits = hidden @ weight.T
+        logits = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+        law = torch.log_softmax(logits, -1)
+        for chunk in (3 * 4096, 1 << 22):  # 7 row tiles x 3 vocabulary tiles, and one tile
+            lse, argmax = full_vocab_stats(hidden, weight, chunk_elements=chunk, softcap=softcap)
+            torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-13, atol=1e-13)
+            assert torch.equal(argmax, logits.argmax(-1)) and argmax[5] == 100
+            logprobs, same = full_vocab_teacher(hidden, weight, d2t, chunk_elements=chunk, softcap=softcap)
+            torch.testing.assert_close(logprobs, law[:, d2t], rtol=1e-13, atol=1e-13)
+            assert torch.equal(same, argmax)
+            everything, _ = full_vocab_teacher(hidden, weight, None, chunk_elements=chunk, softcap=softcap)
+            torch.testing.assert_close(everything, law, rtol=1e-13, atol=1e-13)
+
+
 def test_duplicate_teacher_positions_are_computed_once_and_spread_back():
     target, drafter = float64_setup("tiny_qwen3", True)
     ids, _, _, pos = packed_batch(seed=1, lengths=(20,), batch=2)
