@@ -26,6 +26,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
+from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
+
 SETTINGS = ("num_layers", "max_anchors", "lr", "conversations", "max_steps")  # what tells two runs' configs apart
 TARGETS = {"sharegpt_heldout": 2.0, "humaneval": 2.5}  # issue #28's measured-tau targets per eval set
 
@@ -71,6 +73,7 @@ def collect(study_dir: Path) -> list[dict]:
                 eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
                 max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
                 measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
+                prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
             ))  # fmt: skip
     return points
 
@@ -82,6 +85,29 @@ def base_points(points: list[dict]) -> list[dict]:
         return []
     same = [k for k in SETTINGS if k != "max_steps"]
     return [p for p in points if all(p[k] == base[k] for k in same)]
+
+
+def paired_differences(points: list[dict]) -> None:
+    """Each point that is not on the base trend gets ``delta_vs_base``: its measured tau minus that of the base
+    configuration at the same step of a run as long, on the same prompts, with a paired bootstrap interval."""
+    base = base_points(points)
+    for p in points:
+        if any(p is b for b in base):
+            continue
+        ref = next(
+            (
+                b
+                for b in base
+                if (b["eval_set"], b["step"], b["max_steps"]) == (p["eval_set"], p["step"], p["max_steps"])
+            ),
+            None,
+        )
+        if ref is None:
+            continue
+        (num_a, den_a), (num_b, den_b) = zip(*p["prompt_counts"], strict=True), zip(*ref["prompt_counts"], strict=True)
+        p["reference"] = f"{ref['run']}@{ref['step']}"
+        p["delta_vs_base"] = p["measured_tau"] - ref["measured_tau"]
+        p["delta_vs_base_ci"] = list(ratio_difference_bootstrap_ci(num_a, den_a, num_b, den_b))
 
 
 def extrapolate(points: list[dict]) -> dict:
@@ -108,11 +134,18 @@ def extrapolate(points: list[dict]) -> dict:
     return out
 
 
+def delta(p: dict) -> str:
+    if "delta_vs_base" not in p:
+        return "-"
+    lo, hi = p["delta_vs_base_ci"]
+    return f"{p['delta_vs_base']:+.3f} [{lo:+.3f}, {hi:+.3f}] vs {p['reference']}"
+
+
 def table(points: list[dict]) -> str:
     lines = [
         "| run | step | training tokens | layers | anchors | lr | conversations | s/step | eval set | prompts "
-        "| measured tau [95% CI] | teacher-forced greedy tau |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|",
+        "| measured tau [95% CI] | Δ tau vs base, same prompts [95% CI] | teacher-forced greedy tau |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|",
     ]
     for p in points:
         lo, hi = p["measured_tau_ci"]
@@ -120,7 +153,7 @@ def table(points: list[dict]) -> str:
         lines.append(
             f"| {p['run']} | {p['step']} | {p['training_tokens']:,} | {p['num_layers']} | {p['max_anchors']} "
             f"| {p['lr']:g} | {p['conversations']:,} | {sps} | {p['eval_set']} | {p['num_prompts']} "
-            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] | {delta(p)} "
             f"| {'-' if p['tf_greedy_tau'] is None else format(p['tf_greedy_tau'], '.3f')} |"
         )
     return "\n".join(lines) + "\n"
@@ -160,13 +193,28 @@ def main() -> None:
         raise SystemExit(f"no step=N.decode.json next to a step=N.ckpt under {args.study_dir}")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
+    paired_differences(points)
     results = dict(points=points, extrapolation=extrapolate(points))
     (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    columns = [k for k in points[0] if k not in ("acceptance_per_slot", "measured_tau_ci")]
+    listed = (
+        "acceptance_per_slot",
+        "measured_tau_ci",
+        "prompt_counts",
+        "reference",
+        "delta_vs_base",
+        "delta_vs_base_ci",
+    )
+    columns = [k for k in points[0] if k not in listed]
     with open(output / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*columns, "tau_ci_low", "tau_ci_high"])
-        writer.writerows([*(p[k] for k in columns), *p["measured_tau_ci"]] for p in points)
+        writer.writerow(
+            [*columns, "tau_ci_low", "tau_ci_high", "reference", "delta_vs_base", "delta_ci_low", "delta_ci_high"]
+        )
+        writer.writerows(
+            [*(p[k] for k in columns), *p["measured_tau_ci"], p.get("reference", ""), p.get("delta_vs_base", ""),
+             *p.get("delta_vs_base_ci", ["", ""])]
+            for p in points
+        )  # fmt: skip
     (output / "table.md").write_text(table(points))
     plot(points, output / "tau_vs_training_tokens.png")
     print(table(points))

@@ -19,6 +19,7 @@ def point(run, step, tau, eval_set="sharegpt_heldout", max_steps=600, **settings
     return dict(
         run=run, step=step, max_steps=max_steps, **config, seq_len=1024, batch_size=1, training_tokens=step * 1024,
         seconds_per_step=0.5, tf_greedy_tau=None, eval_set=eval_set, num_prompts=16, measured_tau=tau, measured_tau_ci=[tau - 0.1, tau + 0.1],
+        prompt_counts=[[round(tau * 10), 10], [round(tau * 20), 20]],
     )  # fmt: skip
 
 
@@ -67,8 +68,24 @@ def test_the_last_validation_of_a_fit_log_is_its_teacher_forced_number(tmp_path)
 def test_table_and_plot(tmp_path):
     text = report.table(POINTS)
     assert (
-        "| anchors128 | 600 | 614,400 | 1 | 128 | 0.001 | 1,284 | 0.50 | sharegpt_heldout | 16 | 1.500 [1.400, 1.600] | - |"
+        "| anchors128 | 600 | 614,400 | 1 | 128 | 0.001 | 1,284 | 0.50 | sharegpt_heldout | 16 | 1.500 [1.400, 1.600] | - | - |"
         in text
     )
     report.plot(POINTS, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_each_variant_is_compared_with_the_base_at_the_same_step_on_the_same_prompts():
+    def at(run, step, per_prompt_tau, max_steps=600, **settings):
+        counts = [[tau * forwards, forwards] for tau, forwards in zip(per_prompt_tau, (10, 20, 40), strict=True)]
+        tau = sum(e for e, _ in counts) / sum(f for _, f in counts)
+        return point(run, step, tau, max_steps=max_steps, **settings) | {"prompt_counts": counts}
+
+    base, early = at("base", 600, [1.25, 1.5, 1.0]), at("base", 300, [1.0, 1.25, 1.0])
+    wider = at("anchors128", 600, [1.5, 1.75, 1.25], max_anchors=128)  # +0.25 tau on every prompt
+    longer = at("combined", 1200, [2.0, 2.0, 2.0], max_steps=1200, max_anchors=128)  # no base run of its length
+    points = [early, base, wider, longer]
+    report.paired_differences(points)
+    assert wider["reference"] == "base@600" and wider["delta_vs_base"] == pytest.approx(0.25)
+    assert wider["delta_vs_base_ci"] == pytest.approx([0.25, 0.25])  # a constant gain leaves nothing to resample
+    assert "delta_vs_base" not in base and "delta_vs_base" not in early and "delta_vs_base" not in longer

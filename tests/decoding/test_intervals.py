@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from dspark_lightning.decoding.intervals import bootstrap_ci, ratio_bootstrap_ci, ratio_of_sums
+from dspark_lightning.decoding.intervals import (
+    bootstrap_ci,
+    ratio_bootstrap_ci,
+    ratio_difference_bootstrap_ci,
+    ratio_of_sums,
+)
 
 
 def test_identical_values_give_a_point_interval():
@@ -90,3 +95,37 @@ def test_a_wider_confidence_gives_a_wider_interval_and_a_seed_reproduces_it():
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_paired_difference_interval_matches_the_delta_method():
+    rng = np.random.default_rng(13)
+    forwards_a = rng.integers(5, 60, size=2000).astype(float)
+    difficulty = rng.uniform(0.0, 2.0, size=forwards_a.size)  # shared by both drafters: cancels in the difference
+    emitted_a = forwards_a * (1.0 + difficulty + rng.uniform(0.0, 0.5, size=forwards_a.size))
+    forwards_b = rng.integers(5, 60, size=forwards_a.size).astype(float)
+    emitted_b = forwards_b * (1.0 + difficulty + rng.uniform(0.0, 0.3, size=forwards_a.size))
+    ratio_a, ratio_b = emitted_a.sum() / forwards_a.sum(), emitted_b.sum() / forwards_b.sum()
+    # linearised: each prompt's influence on R_a - R_b, summed in quadrature
+    influence = (emitted_a - ratio_a * forwards_a) / forwards_a.sum() - (
+        emitted_b - ratio_b * forwards_b
+    ) / forwards_b.sum()
+    standard_error = math.sqrt((influence**2).sum())
+    low, high = ratio_difference_bootstrap_ci(emitted_a, forwards_a, emitted_b, forwards_b)
+    difference = ratio_a - ratio_b
+    assert low == pytest.approx(difference - 1.96 * standard_error, abs=0.2 * standard_error)
+    assert high == pytest.approx(difference + 1.96 * standard_error, abs=0.2 * standard_error)
+    # two independent estimates' difference would be wider than either one's interval; paired, the shared
+    # difficulty cancels and it is narrower than a's own interval
+    a_low, a_high = ratio_bootstrap_ci(emitted_a, forwards_a)
+    assert high - low < a_high - a_low
+
+
+def test_a_constant_per_prompt_gain_gives_a_point_difference_and_unequal_prompt_counts_fail():
+    rng = np.random.default_rng(17)
+    forwards = rng.integers(1, 200, size=25).astype(float)
+    emitted_b = forwards * rng.uniform(1.0, 2.0, size=forwards.size)
+    emitted_a = emitted_b + 0.25 * forwards  # every prompt gains exactly 0.25 tau: every resample's difference is 0.25
+    low, high = ratio_difference_bootstrap_ci(emitted_a, forwards, emitted_b, forwards)
+    assert low == pytest.approx(0.25, abs=1e-12) and high == pytest.approx(0.25, abs=1e-12)
+    with pytest.raises(ValueError, match="same prompts"):
+        ratio_difference_bootstrap_ci(emitted_a, forwards, emitted_b[:-1], forwards[:-1])
