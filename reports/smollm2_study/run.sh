@@ -54,7 +54,7 @@ case "${1:?stage: caches | study | data | combined}" in
     fit base 600 --data.train_cache "$D1284";                                 measure base 300; measure base 600
     fit anchors128 600 --data.train_cache "$D1284" --model.drafter.max_anchors 128; measure anchors128 600
     fit layers2 600 --data.train_cache "$D1284" --model.drafter.num_layers 2;   measure layers2 600
-    fit lr3e-3 600 --data.train_cache "$D1284" --optimizer.init_args.lr 0.003;  measure lr3e-3 600 ;;
+    fit lr3e-3 600 --data.train_cache "$D1284" --model.optimizer.init_args.lr 0.003;  measure lr3e-3 600 ;;
   data)
     cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000
     fit data3000 600 --data.train_cache "[$C951,$C1284,$C3000]";             measure data3000 600
