@@ -3,6 +3,7 @@
 #   bash reports/smollm2_study/run.sh caches      # feature caches for conversations 952-1,284 and 1,285-3,000
 #   bash reports/smollm2_study/run.sh study       # the 600-step points: base, anchors 128, 2 layers, lr 3e-3
 #   bash reports/smollm2_study/run.sh data        # the 600-step point on 3,000 conversations, then base at 1,200 steps
+#                                                 # (measured at its end, then at step 900)
 #   bash reports/smollm2_study/run.sh combined    # the two changes that helped at 600 steps together, 1,200 steps
 # Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was.
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
@@ -58,7 +59,7 @@ case "${1:?stage: caches | study | data | combined}" in
   data)
     cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000
     fit data3000 600 --data.train_cache "[$C951,$C1284,$C3000]";             measure data3000 600
-    fit base1200 1200 --data.train_cache "[$C951,$C1284]";                    measure base1200 1200 ;;
+    fit base1200 1200 --data.train_cache "[$C951,$C1284]";                    measure base1200 1200; measure base1200 900 ;;
   combined)  # 128 blocks per row and all 3,000 conversations (each measured above base at 600 steps)
     fit combined1200 1200 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
     measure combined1200 1200 ;;
