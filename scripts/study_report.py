@@ -75,7 +75,7 @@ def collect(study_dir: Path) -> list[dict]:
                 measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
                 prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
             ))  # fmt: skip
-    return points
+    return sorted(points, key=lambda p: (p["run"], p["step"], p["eval_set"] != "sharegpt_heldout"))
 
 
 def base_points(points: list[dict]) -> list[dict]:
@@ -159,26 +159,55 @@ def table(points: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(points: list[dict], path: Path) -> None:
-    sets = sorted({p["eval_set"] for p in points})
+def plot(points: list[dict], path: Path, fits: dict | None = None) -> None:
+    """Measured tau against training tokens per eval set: the base configuration's points joined (with its fitted
+    log-linear trend, dashed), every other run a marker, nudged sideways so that equal budgets stay readable."""
+    sets = sorted({p["eval_set"] for p in points}, key=lambda name: (name != "sharegpt_heldout", name))
     fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), sharey=True, squeeze=False)
     base = {id(p) for p in base_points(points)}
+    runs = sorted(
+        {p["run"] for p in points}, key=lambda run: (run not in {q["run"] for q in points if id(q) in base}, run)
+    )
     for ax, eval_set in zip(axes[0], sets, strict=True):
-        runs = sorted({p["run"] for p in points if p["eval_set"] == eval_set})
-        for run in runs:
+        on_trend = sorted(
+            (p for p in points if p["eval_set"] == eval_set and id(p) in base), key=lambda p: p["training_tokens"]
+        )
+        if on_trend:
+            ax.plot(
+                [p["training_tokens"] for p in on_trend],
+                [p["measured_tau"] for p in on_trend],
+                "-",
+                color="gray",
+                alpha=0.5,
+            )
+        fit = (fits or {}).get(eval_set)
+        if fit:
+            xs = [min(p["training_tokens"] for p in points) * 0.9, max(p["training_tokens"] for p in points) * 1.5]
+            ax.plot(
+                xs,
+                [fit["intercept"] + fit["slope_per_decade"] * math.log10(x) for x in xs],
+                "--",
+                color="gray",
+                label=f"base trend: {fit['slope_per_decade']:+.2f} tau per 10x tokens",
+            )
+        for i, run in enumerate(runs):
             pts = sorted((p for p in points if p["eval_set"] == eval_set and p["run"] == run), key=lambda p: p["step"])
-            xs, ys = [p["training_tokens"] for p in pts], [p["measured_tau"] for p in pts]
-            err = [[y - p["measured_tau_ci"][0] for p, y in zip(pts, ys, strict=True)],
-                   [p["measured_tau_ci"][1] - y for p, y in zip(pts, ys, strict=True)]]  # fmt: skip
-            style = "-o" if id(pts[0]) in base else "s"
-            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=run)
-        ax.axhline(TARGETS.get(eval_set, float("nan")), ls="--", color="gray", label="issue #28 target")
+            if not pts:
+                continue
+            xs = [p["training_tokens"] * (1 + 0.025 * (i - len(runs) / 2)) for p in pts]
+            ys = [p["measured_tau"] for p in pts]
+            err = [
+                [y - p["measured_tau_ci"][0] for p, y in zip(pts, ys, strict=True)],
+                [p["measured_tau_ci"][1] - y for p, y in zip(pts, ys, strict=True)],
+            ]
+            ax.errorbar(xs, ys, yerr=err, fmt="o" if id(pts[0]) in base else "s", capsize=3, label=run)
+        ax.axhline(TARGETS.get(eval_set, float("nan")), ls=":", color="black", label="issue #28 target")
         ax.set_xscale("log")
         ax.set_xlabel("training tokens seen (packed 1,024-token rows x steps)")
-        ax.set_title(eval_set)
+        ax.set_title(f"{eval_set}: measured tau, 95% CI over prompts")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("measured tau (95% CI over prompts)")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("measured tau")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -216,7 +245,7 @@ def main() -> None:
             for p in points
         )  # fmt: skip
     (output / "table.md").write_text(table(points))
-    plot(points, output / "tau_vs_training_tokens.png")
+    plot(points, output / "tau_vs_training_tokens.png", results["extrapolation"])
     print(table(points))
     print(json.dumps(results["extrapolation"], indent=1))
 
