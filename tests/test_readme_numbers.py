@@ -563,7 +563,49 @@ def eval_set(name: str, cost_model: bool, key: str, index: int | None = None, sp
 
     return value
 
+STUDY = "reports/smollm2_study/results.json"
+
+
+def study(run: str, step: int, eval_set: str, key: str, index: int | None = None, spec: str = "+.3f"):
+    """A thunk: ``key`` (or its ``index``-th bound) of one point of the SmolLM2 study, formatted, minus as "−"."""
+
+    def value():
+        (point,) = [p for p in load_json(STUDY)["points"] if (p["run"], p["step"], p["eval_set"]) == (run, step, eval_set)]
+        return format(point[key] if index is None else point[key][index], spec).replace("-", "−")
+
+    return value
+
+
+def study_fit(eval_set: str, key: str, scale: float = 1.0, spec: str = "+.2f"):
+    return lambda: format(load_json(STUDY)["extrapolation"][eval_set][key] / scale, spec)
+
+
 PROSE = {
+    "**What moves tau per CPU hour**": Figures(
+        claims=[
+            ("instead of 32 adds **{}** [{}, {}] on sharegpt_heldout and {} on humaneval",
+             study("anchors128", 600, "sharegpt_heldout", "delta_vs_base"),
+             study("anchors128", 600, "sharegpt_heldout", "delta_vs_base_ci", 0),
+             study("anchors128", 600, "sharegpt_heldout", "delta_vs_base_ci", 1),
+             study("anchors128", 600, "humaneval", "delta_vs_base")),
+            ("add **{}** [{}, {}] on sharegpt_heldout but {} on humaneval",
+             study("data3000", 600, "sharegpt_heldout", "delta_vs_base"),
+             study("data3000", 600, "sharegpt_heldout", "delta_vs_base_ci", 0),
+             study("data3000", 600, "sharegpt_heldout", "delta_vs_base_ci", 1),
+             study("data3000", 600, "humaneval", "delta_vs_base")),
+            ("draft layer ({}) and lr", study("layers2", 600, "sharegpt_heldout", "delta_vs_base")),
+            ("3e-3 ({}) do not help", study("lr3e-3", 600, "sharegpt_heldout", "delta_vs_base")),
+            ("tau **{}** [{}, {}] on sharegpt_heldout, {} on humaneval",
+             study("combined1200", 1200, "sharegpt_heldout", "measured_tau", spec=".3f"),
+             study("combined1200", 1200, "sharegpt_heldout", "measured_tau_ci", 0, spec=".3f"),
+             study("combined1200", 1200, "sharegpt_heldout", "measured_tau_ci", 1, spec=".3f"),
+             study("combined1200", 1200, "humaneval", "measured_tau", spec=".3f")),
+            ("The base gains {} tau per 10×", study_fit("sharegpt_heldout", "slope_per_decade")),
+            ("about {} × 10¹⁰", study_fit("sharegpt_heldout", "tokens_for_target", 1e10, ".1f")),
+        ],
+        context=["#28", "seven", "16 prompts", "128 tokens", "128 blocks per row", "3,000 conversations instead of 1,284",
+                 "at 600 steps", "1,200 steps", "(2.0, 2.5, a speedup above 1)", "tau 2.0"],
+    ),
     "**Measured on the evaluation sets**": Figures(
         claims=[
             ("tau **{}**\n[{}, {}] on {} held-out ShareGPT V3 prompts × {} tokens",
