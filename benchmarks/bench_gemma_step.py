@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_training_step import Worker, _head
+from benchmarks.bench_training_step import Worker, _head, _ms, summarise
 from benchmarks.training_step_inputs import cache_copies, export_revision, recipe_optimizer, synthetic_cache
 from benchmarks.training_step_report import PART_NAMES
 
@@ -102,10 +102,6 @@ def draft_vocab_file(shape: dict, size: int, path: Path) -> Path:
     return path
 
 
-def _ms(step: dict) -> float:
-    return (step["forward"] + step["backward"] + step["optimizer"]) * 1e3
-
-
 def measure_steps(workers: dict[str, Worker], rounds: int, steps: int, log) -> dict:
     times: dict[str, list[dict]] = {side: [] for side in workers}
     for r in range(rounds):
@@ -119,21 +115,10 @@ def measure_steps(workers: dict[str, Worker], rounds: int, steps: int, log) -> d
 
 
 def side_record(steps: list[dict], ready: dict, memory: dict, profile: dict, tokens: int, vocab: int) -> dict:
-    totals = [_ms(s) for s in steps]
-    median = statistics.median(totals)
-    return {
-        "draft_vocab_size": vocab,
-        "tokens_per_second": tokens / (median / 1e3),
-        "step_ms": median,
-        "step_min_ms": min(totals),
-        **{f"{phase}_ms": statistics.median(s[phase] * 1e3 for s in steps) for phase in ("forward", "backward", "optimizer")},
-        "peak_memory_mb": memory["peak_tensor_mib"],
-        "peak_rss_mb": memory["peak_rss_mib"],
-        "first_loss": ready["first_losses"][0],
-        "trainable_params": ready["trainable_params"],
-        "steps": len(steps),
-        "profile": profile,
-    }  # fmt: skip
+    """bench_training_step's summary of one side, keyed by its draft vocabulary instead of a revision."""
+    record = summarise(steps, ready, memory, profile, tokens, label="")
+    del record["revision"]
+    return {"draft_vocab_size": vocab, **record}
 
 
 def full_vocab_pass(setup: dict, d2t, before_rev: str | None, workdir: Path, threads: int, log) -> dict:
