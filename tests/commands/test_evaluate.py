@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.paths import ROOT
+from helpers.quickstart import quickstart_fit_args
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
@@ -25,12 +25,7 @@ def trained_checkpoint(tmp_path_factory) -> Path:
     only_checkpoint = [{**checkpoint, "init_args": {"save_last": True, "save_top_k": 0}}]
     cli_main(
         [
-            "fit",
-            "--config",
-            str(ROOT / "configs/quickstart.yaml"),
-            f"--model.target.path={ROOT / 'assets/demo-target'}",
-            f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}",
-            f"--data.val_files={ROOT / 'assets/data/sharegpt/validation-00000.jsonl'}",
+            *quickstart_fit_args(),
             "--data.limit_val_samples=24",
             "--data.seq_len=256",
             "--trainer.max_steps=60",

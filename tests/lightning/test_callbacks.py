@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.paths import ROOT
+from helpers.quickstart import quickstart_fit_args
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.lightning import callbacks
@@ -30,12 +30,7 @@ def test_decode_gap_is_this_validations_tau_minus_the_measured_tau(tmp_path, cap
     summary = {"class_path": "dspark_lightning.lightning.callbacks.ValidationSummary"}
     cli_main(
         [
-            "fit",
-            "--config",
-            str(ROOT / "configs/quickstart.yaml"),
-            f"--model.target.path={ROOT / 'assets/demo-target'}",
-            f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}",
-            f"--data.val_files={ROOT / 'assets/data/sharegpt/validation-00000.jsonl'}",
+            *quickstart_fit_args(),
             "--data.seq_len=128",
             "--data.batch_size=2",
             "--data.limit_val_samples=8",

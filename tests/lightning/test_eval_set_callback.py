@@ -18,6 +18,7 @@ import torch
 import yaml
 from helpers.drafters import build
 from helpers.paths import ROOT
+from helpers.quickstart import quickstart_fit_args
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data import eval_sets
@@ -37,8 +38,7 @@ def fit_args(run_dir, decode_args: dict, steps: int = 40) -> list[str]:
     decode = {"class_path": DECODING, "init_args": decode_args}
     summary = {"class_path": "dspark_lightning.lightning.callbacks.ValidationSummary"}
     return [
-        "fit", "--config", str(ROOT / "configs/quickstart.yaml"), f"--model.target.path={ROOT / 'assets/demo-target'}",
-        f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}", f"--data.val_files={VAL}",
+        *quickstart_fit_args(VAL),
         "--data.seq_len=128", "--data.batch_size=2", "--data.limit_val_samples=8", "--model.drafter.max_anchors=8",
         f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}", "--trainer.limit_val_batches=1",
         f"--trainer.callbacks={json.dumps([decode, summary])}", "--trainer.enable_progress_bar=false",

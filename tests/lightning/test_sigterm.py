@@ -21,6 +21,7 @@ import time
 
 import torch
 from helpers.paths import ROOT
+from helpers.quickstart import quickstart_fit_args
 
 DEADLINE_S = 60  # from the signal to the exit; one prompt's decode and replay take a second or two here
 START_S = 600  # from the launch to the decode's start line (loading, 4 training steps): generous, a loaded machine
@@ -33,10 +34,8 @@ def test_sigterm_during_the_decoding_callback_stops_the_fit_within_seconds(tmp_p
     }
     checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}}
     command = [
-        sys.executable, "-m", "dspark_lightning", "fit", "--config", str(ROOT / "configs/quickstart.yaml"),
-        f"--model.target.path={ROOT / 'assets/demo-target'}",
-        f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}",
-        f"--data.val_files={ROOT / 'assets/data/sharegpt/validation-*.jsonl'}",
+        sys.executable, "-m", "dspark_lightning",
+        *quickstart_fit_args(ROOT / "assets/data/sharegpt/validation-*.jsonl"),
         "--data.seq_len=128", "--data.batch_size=2", "--data.limit_val_samples=8", "--data.num_eval_prompts=48",
         "--model.drafter.max_anchors=8", "--trainer.max_steps=8", "--trainer.val_check_interval=4",
         "--trainer.limit_val_batches=1", f"--trainer.callbacks={json.dumps([checkpoint, decode])}",
