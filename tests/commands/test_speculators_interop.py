@@ -48,13 +48,16 @@ def target(verifier_dir) -> FrozenTarget:
 SCRIPT = r"""
 import json, sys, torch
 from safetensors.torch import load_file, save_file
-from speculators.models.dspark import DSparkDraftModel
+from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
 torch.set_num_threads(1)
 results = {}
 for job in json.load(open(sys.argv[1])):
     try:
-        # a local verifier is recorded by name (portable exports): speculators is given its directory, as vLLM is
-        model = DSparkDraftModel.from_pretrained(job["dir"], verifier=job["verifier"]).float().eval()
+        # a local verifier is recorded by name (portable exports): speculators is given its directory in the config
+        # (from_pretrained's verifier= is ignored for a speculators checkpoint), as vLLM is
+        config = DSparkSpeculatorConfig.from_pretrained(job["dir"])
+        config.speculators_config.verifier.name_or_path = job["verifier"]
+        model = DSparkDraftModel.from_pretrained(job["dir"], config=config).float().eval()
     except Exception as error:
         results[job["name"]] = f"{type(error).__name__}: {error}"
         continue
@@ -94,22 +97,61 @@ CASES = {
 }
 
 
-def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, verifier_dir):
+def block_inputs(target, path, V: int, mask_token_id: int, S: int = 11, B: int = 4):
+    """A prefix of S random tokens, its target features and one block per row after it; saved for the script."""
     generator = torch.Generator().manual_seed(0)
-    S, B, V = 11, 4, 64
     ids = torch.randint(0, V - 1, (2, S), generator=generator)
     features = target.features(ids, torch.arange(S).repeat(2, 1)).context_features
     anchors = torch.randint(0, V - 1, (2,), generator=generator)
-    prev = torch.randint(0, V - 1, (2, B), generator=generator)
     inputs = {
         "context_features": features,
         "context_positions": torch.arange(S).repeat(2, 1),
-        "block_ids": torch.cat((anchors[:, None], torch.full((2, B - 1), V - 1)), dim=1),
+        "block_ids": torch.cat((anchors[:, None], torch.full((2, B - 1), mask_token_id)), dim=1),
         "block_positions": torch.arange(S, S + B).repeat(2, 1),
-        "prev": prev,
+        "prev": torch.randint(0, V - 1, (2, B), generator=generator),
     }
-    save_file({k: v.contiguous() for k, v in inputs.items()}, str(tmp_path / "inputs.safetensors"))
+    save_file({k: v.contiguous() for k, v in inputs.items()}, str(path))
+    return inputs, anchors
 
+
+@torch.no_grad()
+def our_outputs(drafter, inputs, anchors, markov: bool = True) -> dict[str, torch.Tensor]:
+    """What the script computes, by our drafter: base logits, Markov bias, confidence logits."""
+    S = inputs["context_features"].shape[1]
+    base, hidden = drafter.draft(inputs["context_features"], inputs["context_positions"], anchors, torch.full((2,), S))
+    ours = {"base": base}
+    if drafter.markov_head is not None and markov:
+        ours["bias"] = drafter.markov_head.block_bias(inputs["prev"], hidden)
+    if drafter.confidence_head is not None:
+        ours["confidence"] = drafter.confidence_logits(hidden, inputs["prev"])
+    return ours
+
+
+def run_speculators(tmp_path, jobs: list[dict]) -> dict[str, str]:
+    """Run SCRIPT on ``jobs`` under the speculators interpreter: job name -> "ok" or the load error."""
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    (tmp_path / "run.py").write_text(SCRIPT)
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}  # every verifier is local: a hub lookup is a mistake, fail at once
+    run = subprocess.run(
+        [PYTHON, str(tmp_path / "run.py"), str(tmp_path / "jobs.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def assert_same(theirs: dict, ours: dict, name: str) -> None:
+    assert set(theirs) == set(ours), name
+    for key, value in ours.items():
+        torch.testing.assert_close(theirs[key], value, atol=2e-5, rtol=1e-5, msg=f"{name}: {key}")
+
+
+def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, verifier_dir):
+    V = 64
+    inputs, anchors = block_inputs(target, tmp_path / "inputs.safetensors", V, mask_token_id=V - 1)
     jobs, expected = [], {}
     for name, case in CASES.items():
         kwargs = {"confidence_head": case["confidence_head"]} if "confidence_head" in case else {}
@@ -122,31 +164,15 @@ def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, ver
             dtype="float32",
             candidate_selector="selector" in case,
         )
-        with torch.no_grad():
-            base, hidden = drafter.draft(features, inputs["context_positions"], anchors, torch.full((2,), S))
-            ours = {"base": base}
-            if drafter.markov_head is not None and "selector" not in case:
-                ours["bias"] = drafter.markov_head.block_bias(prev, hidden)
-            if drafter.confidence_head is not None:
-                ours["confidence"] = drafter.confidence_logits(hidden, prev)
-        expected[name] = ours
+        expected[name] = our_outputs(drafter, inputs, anchors, markov="selector" not in case)
         jobs.append(
             dict(name=name, dir=str(out_dir), verifier=str(verifier_dir), outputs=str(out_dir / "o"))
             | {"inputs": str(tmp_path / "inputs.safetensors")}
         )
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    (tmp_path / "run.py").write_text(SCRIPT)
-    run = subprocess.run(
-        [PYTHON, str(tmp_path / "run.py"), str(tmp_path / "jobs.json")], capture_output=True, text=True, timeout=600
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads(run.stdout.strip().splitlines()[-1])
+    results = run_speculators(tmp_path, jobs)
 
     assert "mismatched_sizes" in results.pop("dflash2_gate_is_refused")  # refused, not loaded with a wrong gate
     expected.pop("dflash2_gate_is_refused")
     assert results == dict.fromkeys(expected, "ok")
     for name, ours in expected.items():
-        theirs = load_file(str(tmp_path / name / "o"))
-        assert set(theirs) == set(ours), name
-        for key, value in ours.items():
-            torch.testing.assert_close(theirs[key], value, atol=2e-5, rtol=1e-5, msg=f"{name}: {key}")
+        assert_same(load_file(str(tmp_path / name / "o")), ours, name)
