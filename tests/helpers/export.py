@@ -9,7 +9,7 @@ import torch
 
 from dspark_lightning.models import DrafterConfig, DraftVocab, DSparkDrafter, MarkovHeadConfig
 from helpers.paths import ASSETS
-from helpers.targets import make_tiny_qwen3
+from helpers.targets import make_tiny_gemma3, make_tiny_qwen3
 
 V, H, B, RANK = 64, 32, 4, 8
 
@@ -67,12 +67,26 @@ def outputs(drafter, target) -> dict[str, torch.Tensor]:
     return {"logits": out.logits, "base": out.base_logits, "confidence": out.confidence_logits}
 
 
-def make_target_dir(path: Path, seed: int = 0) -> Path:
-    """A tiny random Qwen3 with the demo tokenizer (its 2048-token vocabulary), saved for ``DSparkModule``."""
-    make_tiny_qwen3(vocab_size=2048, hidden_size=32, num_layers=4, seed=seed).save_pretrained(path)
+def with_demo_tokenizer(path: Path) -> Path:
+    """Copy the demo tokenizer (2048 ids) and chat template into the saved model directory ``path``."""
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(ASSETS / "demo-target" / name, path / name)
     return path
+
+
+def make_target_dir(path: Path, seed: int = 0) -> Path:
+    """A tiny random Qwen3 with the demo tokenizer (its 2048-token vocabulary), saved for ``DSparkModule``."""
+    make_tiny_qwen3(vocab_size=2048, hidden_size=32, num_layers=4, seed=seed).save_pretrained(path)
+    return with_demo_tokenizer(path)
+
+
+def save_gemma_verifier(path: Path, **gemma) -> object:
+    """A tiny random Gemma 3 over the demo tokenizer's 2048 ids (``make_tiny_gemma3(**gemma)``), saved with that
+    tokenizer as a target directory at ``path``; returns the model."""
+    model = make_tiny_gemma3(vocab_size=2048, **gemma)
+    model.save_pretrained(path)
+    with_demo_tokenizer(path)
+    return model
 
 
 def train_and_checkpoint(tmp_path: Path, target_dir: Path, **drafter_fields) -> tuple[Path, object]:

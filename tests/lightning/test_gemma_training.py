@@ -8,12 +8,10 @@ cache's teacher statistics must be those of the target's own logits (soft-capped
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from helpers.paths import ASSETS, DEMO_TARGET
-from helpers.targets import make_tiny_gemma3
+from helpers.export import save_gemma_verifier
+from helpers.paths import ASSETS
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.cache import TEACHER_STAT_FIELDS, TOKEN_FIELDS, CachedFeatureDataset
@@ -27,19 +25,10 @@ TRAIN = str(ASSETS / "data/regenerated/train-00000.jsonl")
 LAYERS = [1, 3]
 
 
-def gemma_target(directory, softcap: float | None):
-    """The tiny Gemma 3 over the demo tokenizer's 2048 ids, saved with that tokenizer: a target directory."""
-    model = make_tiny_gemma3(vocab_size=2048, final_logit_softcapping=softcap)
-    model.save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(DEMO_TARGET / name, directory / name)
-    return model
-
-
 @pytest.mark.parametrize("softcap", [None, 0.3], ids=["gemma3", "softcapped"])
 def test_cache_and_online_training_agree_on_a_gemma3_target(tmp_path, softcap):
     target = tmp_path / "gemma3"
-    model = gemma_target(target, softcap)
+    model = save_gemma_verifier(target, final_logit_softcapping=softcap)
     cache = tmp_path / "cache"
     cli_main(["cache", "--target", str(target), "--data", TRAIN, "--output", str(cache), "--seq_len", "128",
               "--batch_size", "2", "--limit", "4", "--device", "cpu", "--dtype", "float32", "--layers", str(LAYERS)])  # fmt: skip
