@@ -13,3 +13,7 @@ class UserError(Exception):
 
 class OptionError(UserError, ValueError):
     """An option's value cannot be used (its message names ``--the.option`` and what was expected)."""
+
+
+class UnsupportedError(UserError, ValueError):
+    """What was asked for is well formed but cannot be done: its message names what stands in the way."""

@@ -95,9 +95,10 @@ def export_drafter(
     ``target_config`` and ``target_layer_ids``.
     """
     output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    tensors = exported_tensors(drafter, dtype, candidate_selector)
+    # the config first: a drafter the format cannot express is refused before anything is created
     config = build_config(drafter, dtype=dtype, candidate_selector=candidate_selector, **config_options)
+    tensors = exported_tensors(drafter, dtype, candidate_selector)
+    output.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(output / WEIGHTS_NAME), metadata={"format": "pt"})
     (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     ordinary_modes(output / WEIGHTS_NAME, output / CONFIG_NAME)

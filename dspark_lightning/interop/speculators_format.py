@@ -38,6 +38,16 @@ Decisions where the public format is silent or cannot express what we train:
   ``selector_rank``, ``selector_top_k`` and ``markov_rank: 0`` in the config, so a DSpark loader that does not know
   the selector runs the backbone alone rather than an uninitialised Markov head.
 - ``confidence_temperature`` (per-slot calibration) goes to the config as a list when it is not all ones.
+- The format embeds draft tokens with a *plain lookup* of the verifier's embedding weight: speculators builds an
+  ``nn.Embedding``, fills it from the verifier on every load and has no field for a scale. A target whose input
+  embedding is no plain lookup (Gemma's ``Gemma3TextScaledWordEmbedding`` multiplies by sqrt(hidden_size)) has a
+  drafter trained on scaled block embeddings, which speculators would feed unscaled ones: other logits. Folding the
+  scale into the draft weights (every residual write divided by it) is exact only up to the RMSNorms' eps, one field
+  for all the draft norms, so ``build_config`` refuses such a drafter (``embedding_scale`` measures the factor)
+  rather than write an export that serves wrong logits. Loading reads the format as speculators does: the draft
+  layers get the plain lookup of the target's weight (``plain_lookup``), and nested per-layer-type
+  ``rope_parameters`` give the ``sliding_attention`` base, as its ``flatten_rope_parameters`` picks (ours are flat:
+  the full-attention base, ``models.target.rope_theta``). A tied verifier's LM head is its embedding weight in both.
 - The verifier is recorded portably (``verifier_record``): a hub id as given; a local target directory by a name
   (the hub id of a Hugging Face cache snapshot, else the directory's name) plus ``config_sha256`` (of its
   ``config.json``), with the absolute directory in ``local_path`` only to reload the export on this machine
@@ -61,8 +71,10 @@ import re
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dspark_lightning.dtypes import torch_dtype
+from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, MarkovHeadConfig
 from dspark_lightning.models.backbone import BackboneConfig
 
@@ -122,6 +134,39 @@ def recorded_verifier(config: dict) -> str:
     return name
 
 
+@torch.no_grad()
+def embedding_scale(embed_tokens: nn.Module) -> float | None:
+    """None when ``embed_tokens`` is the plain lookup ``weight[ids]`` the format assumes (checked on its first 64
+    ids), else the factor it multiplies by (least squares; Gemma's sqrt(hidden_size), rounded to the weight's dtype)."""
+    weight = embed_tokens.weight
+    ids = torch.arange(min(64, weight.shape[0]), device=weight.device)
+    looked_up, embedded = weight[ids].double(), embed_tokens(ids).double()
+    if torch.equal(looked_up, embedded):
+        return None
+    return float((embedded * looked_up).sum() / (looked_up * looked_up).sum().clamp_min(1e-30))
+
+
+def plain_lookup(embed_tokens: nn.Module) -> nn.Module:
+    """``embed_tokens`` when it is a plain lookup, else an ``nn.Embedding`` sharing its weight (never copied): the
+    embedding the format's draft layers read (see the module docstring)."""
+    if embedding_scale(embed_tokens) is None:
+        return embed_tokens
+    plain = nn.Embedding(*embed_tokens.weight.shape, device="meta")
+    plain.weight = embed_tokens.weight
+    return plain
+
+
+def _refuse_scaled_embedding(drafter: DSparkDrafter) -> None:
+    scale = embedding_scale(drafter.embed_tokens)
+    if scale is not None:
+        raise UnsupportedError(
+            f"the target's input embedding ({type(drafter.embed_tokens).__name__}) multiplies by {scale:.4g} (Gemma: "
+            "sqrt(hidden_size)), but the speculators DSpark format embeds draft tokens with a plain lookup of the "
+            "verifier's weight and records no scale: speculators would feed the draft layers unscaled embeddings "
+            "and serve other logits than this drafter's, so a drafter of this target cannot be exported to it"
+        )
+
+
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return torch_dtype(dtype, EXPORT_DTYPES, what="export dtype")
 
@@ -167,7 +212,9 @@ def build_config(
     ``PretrainedConfig``, default: read from ``verifier_name_or_path/config.json`` when it is local) supplies the
     verifier architectures, max positions and special token ids; ``target_layer_ids`` is needed only when the
     drafter's config does not name its target layers (``DSparkDrafter.for_target`` leaves them to the target).
+    A drafter whose input embedding is no plain lookup (Gemma's) is refused (see the module docstring).
     """
+    _refuse_scaled_embedding(drafter)
     cfg, bc = drafter.config, drafter.backbone.config
     layer_ids = list(cfg.target_layer_ids or target_layer_ids or [])
     if len(layer_ids) != bc.num_context_layers:
@@ -241,8 +288,15 @@ def _layer_types(layer: dict) -> list[str] | None:
     return None
 
 
-def _check_supported(config: dict, layer: dict) -> None:
+def _rope_parameters(layer: dict) -> dict:
+    """A layer config's rope parameters, flat: nested per-layer-type ones give their ``sliding_attention`` entry, the
+    one speculators hands every draft layer (its ``flatten_rope_parameters``); ours are always flat."""
     rope = layer.get("rope_parameters") or {}
+    return rope.get("sliding_attention", rope)
+
+
+def _check_supported(config: dict, layer: dict) -> None:
+    rope = _rope_parameters(layer)
     scaling = layer.get("rope_scaling") or {}
     problems = []
     if rope.get("rope_type", rope.get("type", "default")) != "default" or scaling.get("rope_type", scaling.get("type")):
@@ -292,7 +346,7 @@ def drafter_configs(
     confidence = bool(config.get("enable_confidence_head", dspark))
     with_markov = confidence and bool(config.get("confidence_head_with_markov", dspark))
     H, heads = int(layer["hidden_size"]), int(layer["num_attention_heads"])
-    rope = layer.get("rope_parameters") or {}
+    rope = _rope_parameters(layer)
     backbone = BackboneConfig(
         hidden_size=H,
         num_layers=int(layer["num_hidden_layers"]),

@@ -24,6 +24,7 @@ from dspark_lightning.interop.speculators_format import (
     _format_key,
     drafter_configs,
     markov_head_config,
+    plain_lookup,
     recorded_verifier,
 )
 from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
@@ -69,8 +70,10 @@ def load_exported(
         path: the export directory (``config.json`` + ``model.safetensors``).
         target: a ``FrozenTarget``, a Hugging Face causal LM, a path / hub id, or None for the recorded verifier
             (``recorded_verifier``: its local directory when it is on this machine, else its hub id).
-            Its embedding and LM head are shared with the drafter (never copied). The drafter is float32; for bf16
-            inference load the target in bf16 and cast the drafter with ``.to(torch.bfloat16)``.
+            Its embedding and LM head are shared with the drafter (never copied); an embedding that is no plain
+            lookup (Gemma's, scaled) is read as the format reads it, as a plain lookup of the same weight. The
+            drafter is float32; for bf16 inference load the target in bf16 and cast the drafter with
+            ``.to(torch.bfloat16)``.
         return_target: also return the ``FrozenTarget`` (with the export's target layer ids) that feeds the drafter.
     """
     config, tensors = read_exported(path)
@@ -135,7 +138,9 @@ def load_exported(
 
     backbone, drafter_config = drafter_configs(config, layer_ids, markov, train_lm_head)
     softcap = final_logit_softcap(target.config)  # the teacher's logits are the target's (soft-capped on Gemma 2)
-    drafter = DSparkDrafter(drafter_config, backbone, target.embed_tokens, target.lm_head, vocab, softcap)
+    # the format's draft layers read a plain lookup of the verifier's embedding (Gemma's scale is not applied)
+    embed_tokens = plain_lookup(target.embed_tokens)
+    drafter = DSparkDrafter(drafter_config, backbone, embed_tokens, target.lm_head, vocab, softcap)
 
     state, missing = {}, []
     for name in drafter.state_dict():

@@ -3,7 +3,9 @@
 A tiny random Qwen3 target (saved with ``save_pretrained`` so it can be named as the verifier), drafters with every
 head type, random weights (the heads start at zero otherwise, which would hide mistakes), with and without a draft
 vocabulary, in fp32 (bit-identical logits) and bf16 (rounding only). The Lightning path (checkpoint -> CLI ->
-load) runs on a tiny target that carries the demo tokenizer.
+load) runs on a tiny target that carries the demo tokenizer. A tiny Gemma 3 verifier: its drafter is refused (the
+format cannot scale the embeddings), and what the format does express for it is recorded and loaded as speculators
+reads it.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from helpers.export import (
     make_drafter,
     make_target_dir,
     outputs,
+    save_gemma_verifier,
     save_verifier,
     train_and_checkpoint,
 )
+from helpers.targets import GEMMA3_MASK_ID
 from safetensors import safe_open
 
 from dspark_lightning.cli import cli_main
+from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.interop import (
     build_config,
     export_checkpoint,
@@ -41,6 +46,7 @@ from dspark_lightning.interop import (
     load_exported,
     read_checkpoint,
 )
+from dspark_lightning.interop.speculators_format import embedding_scale, plain_lookup
 from dspark_lightning.models import FrozenTarget, MarkovHeadConfig
 from dspark_lightning.selector.convert import to_candidate_selector
 
@@ -351,3 +357,53 @@ def test_a_hub_cache_snapshot_is_recorded_by_its_hub_id(tmp_path):
     (snapshot / "config.json").write_text("{}")
     assert verifier_record(str(snapshot))["name_or_path"] == "Qwen/Qwen3-0.6B"
     assert verifier_record("Qwen/Qwen3-0.6B") == {"name_or_path": "Qwen/Qwen3-0.6B"}  # a hub id as given
+
+
+def test_a_gemma_drafter_is_refused_because_the_format_cannot_scale_its_embeddings(tmp_path):
+    """Gemma multiplies its embeddings by sqrt(hidden); the format embeds with a plain lookup: nothing is written."""
+    gemma_dir = tmp_path / "gemma3"
+    save_gemma_verifier(gemma_dir)
+    hidden = json.loads((gemma_dir / "config.json").read_text())["hidden_size"]
+    target = FrozenTarget.from_pretrained(str(gemma_dir), target_layer_ids=[1, 2])
+    assert embedding_scale(target.embed_tokens) == pytest.approx(hidden**0.5, rel=1e-6)
+    refusal = rf"\(Gemma3TextScaledWordEmbedding\) multiplies by {hidden**0.5:.4g} .* plain lookup"
+    with pytest.raises(UnsupportedError, match=refusal):
+        export_drafter(make_drafter(target, mask_token_id=GEMMA3_MASK_ID), tmp_path / "out", verifier_name_or_path="g")
+    assert not (tmp_path / "out").exists()
+
+    ckpt, _ = train_and_checkpoint(tmp_path, gemma_dir)  # the command: refused, no export and no staging left
+    with pytest.raises(UnsupportedError, match=refusal):
+        cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemma3", "last.ckpt"]
+
+
+def test_a_gemma_verifier_is_recorded_and_loaded_as_speculators_reads_it(tmp_path):
+    """The same drafter on a plain lookup of the verifier's embedding (what speculators trains and serves): the
+    recorded fields against the verifier's own config.json, and our loader's logits equal to that drafter's."""
+    gemma_dir = tmp_path / "gemma3"
+    save_gemma_verifier(gemma_dir)
+    verifier = json.loads((gemma_dir / "config.json").read_text())
+    target = FrozenTarget.from_pretrained(str(gemma_dir), target_layer_ids=[1, 2])
+    drafter = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)
+    drafter.embed_tokens = plain_lookup(target.embed_tokens)
+    assert drafter.embed_tokens.weight is target.embed_tokens.weight and embedding_scale(drafter.embed_tokens) is None
+    out = export_drafter(drafter, tmp_path / "export", verifier_name_or_path=str(gemma_dir), dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    full_theta = verifier["rope_parameters"]["full_attention"]["rope_theta"]  # 1M; the sliding layers' is 10k
+    assert layer["rope_parameters"] == {"rope_type": "default", "rope_theta": full_theta}
+    assert (layer["hidden_size"], layer["vocab_size"]) == (verifier["hidden_size"], verifier["vocab_size"])
+    assert config["speculators_config"]["verifier"]["architectures"] == verifier["architectures"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # a tied verifier: its head is re-loaded from it
+        assert verifier["tie_word_embeddings"] and not {"lm_head.weight", "embed_tokens.weight"} & set(f.keys())
+
+    loaded = load_exported(out, target)
+    assert loaded.embed_tokens.weight is target.embed_tokens.weight and loaded.lm_head is target.lm_head
+    assert embedding_scale(loaded.embed_tokens) is None and loaded.backbone.config.rope_theta == full_theta
+    assert_same_outputs(outputs(drafter, target), outputs(loaded, target), exact=True)
+
+    # an export whose rope_parameters are per layer type: speculators gives every draft layer the sliding base
+    layer["rope_parameters"] = verifier["rope_parameters"]
+    (out / "config.json").write_text(json.dumps(config))
+    sliding_theta = verifier["rope_parameters"]["sliding_attention"]["rope_theta"]
+    assert load_exported(out, target).backbone.config.rope_theta == sliding_theta

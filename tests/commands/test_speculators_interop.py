@@ -11,6 +11,8 @@ it (it is never a dependency of this project; it pins other transformers version
 Each export is loaded with ``DSparkDraftModel.from_pretrained`` (embedding and LM head re-loaded from the recorded
 verifier) and run on one block after a prefix: base logits, Markov bias for given previous tokens, confidence
 logits. DFlash-2 form gates must be *refused* by speculators (its gated head has another shape), never loaded wrong.
+A Gemma 3 verifier: speculators re-loads its tied head and keeps our rotary base, but embeds without Gemma's
+sqrt(hidden) scale, so our export refuses a Gemma drafter; the format reads a plain lookup, as our loader does.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import sys
 
 import pytest
 import torch
-from helpers.export import draft_vocab, make_drafter, save_verifier
+from helpers.export import draft_vocab, make_drafter, save_gemma_verifier, save_verifier
+from helpers.targets import GEMMA3_MASK_ID
 from safetensors.torch import load_file, save_file
 
-from dspark_lightning.interop import export_drafter
+from dspark_lightning.interop import export_drafter, load_exported
+from dspark_lightning.interop.speculators_format import plain_lookup
 from dspark_lightning.models import FrozenTarget
 
 PYTHON = os.environ.get("DSPARK_SPECULATORS_PYTHON") or (
@@ -66,7 +70,7 @@ for job in json.load(open(sys.argv[1])):
         layer.self_attn.config._attn_implementation = "sdpa"
     with torch.no_grad():
         context = model.hidden_norm(model.fc(x["context_features"]))
-        h = model.embed_tokens(x["block_ids"])
+        h = model.embed_tokens(x["block_ids"]) * job.get("embed_scale", 1.0)  # a diagnostic scale, 1 = speculators'
         positions = torch.cat([x["context_positions"], x["block_positions"]], dim=1)
         embeddings = model.rotary_emb(h, positions)
         for layer in model.layers:
@@ -176,3 +180,38 @@ def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, ver
     assert results == dict.fromkeys(expected, "ok")
     for name, ours in expected.items():
         assert_same(load_file(str(tmp_path / name / "o")), ours, name)
+
+
+def test_a_gemma_drafter_is_refused_because_speculators_would_not_scale_its_embeddings(tmp_path):
+    verifier_dir = tmp_path / "gemma3"
+    hidden = save_gemma_verifier(verifier_dir).config.hidden_size
+    target = FrozenTarget.from_pretrained(str(verifier_dir), target_layer_ids=[1, 2])
+    inputs, anchors = block_inputs(target, tmp_path / "inputs.safetensors", 2048, GEMMA3_MASK_ID)
+    drafter = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)  # on Gemma's scaled embedding
+    with pytest.raises(ValueError, match="plain lookup"):
+        export_drafter(drafter, tmp_path / "refused", verifier_name_or_path=str(verifier_dir))
+    # the same weights on a plain lookup of the verifier's embedding: what the format expresses, so it exports
+    plain = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)
+    plain.embed_tokens = plain_lookup(target.embed_tokens)
+    export_drafter(plain, tmp_path / "plain", verifier_name_or_path=str(verifier_dir), dtype="float32")
+    job = {
+        "dir": str(tmp_path / "plain"),
+        "verifier": str(verifier_dir),
+        "inputs": str(tmp_path / "inputs.safetensors"),
+    }
+    results = run_speculators(
+        tmp_path,
+        [
+            job | {"name": "speculators", "outputs": str(tmp_path / "speculators")},
+            job | {"name": "scaled", "outputs": str(tmp_path / "scaled"), "embed_scale": hidden**0.5},
+        ],
+    )
+    assert results == {"speculators": "ok", "scaled": "ok"}
+    theirs = load_file(str(tmp_path / "speculators"))
+    # speculators' tied head (the embedding weight), verifier and our 1M rotary base agree with ours ...
+    assert_same(theirs, our_outputs(plain, inputs, anchors), "plain lookup")
+    assert_same(theirs, our_outputs(load_exported(tmp_path / "plain", target), inputs, anchors), "our loader")
+    # ... and its embedding is the whole difference: scaled by sqrt(hidden) it gives the Gemma drafter's logits,
+    # unscaled (what it serves) other ones, which is why the export refuses that drafter
+    assert_same(load_file(str(tmp_path / "scaled")), our_outputs(drafter, inputs, anchors), "scaled by sqrt(H)")
+    assert not torch.allclose(theirs["base"], our_outputs(drafter, inputs, anchors)["base"], atol=1e-3)
