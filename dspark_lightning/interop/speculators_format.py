@@ -71,12 +71,12 @@ import re
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, MarkovHeadConfig
 from dspark_lightning.models.backbone import BackboneConfig
+from dspark_lightning.models.target import embedding_scale
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -134,28 +134,6 @@ def recorded_verifier(config: dict) -> str:
     return name
 
 
-@torch.no_grad()
-def embedding_scale(embed_tokens: nn.Module) -> float | None:
-    """None when ``embed_tokens`` is the plain lookup ``weight[ids]`` the format assumes (checked on its first 64
-    ids), else the factor it multiplies by (least squares; Gemma's sqrt(hidden_size), rounded to the weight's dtype)."""
-    weight = embed_tokens.weight
-    ids = torch.arange(min(64, weight.shape[0]), device=weight.device)
-    looked_up, embedded = weight[ids].double(), embed_tokens(ids).double()
-    if torch.equal(looked_up, embedded):
-        return None
-    return float((embedded * looked_up).sum() / (looked_up * looked_up).sum().clamp_min(1e-30))
-
-
-def plain_lookup(embed_tokens: nn.Module) -> nn.Module:
-    """``embed_tokens`` when it is a plain lookup, else an ``nn.Embedding`` sharing its weight (never copied): the
-    embedding the format's draft layers read (see the module docstring)."""
-    if embedding_scale(embed_tokens) is None:
-        return embed_tokens
-    plain = nn.Embedding(*embed_tokens.weight.shape, device="meta")
-    plain.weight = embed_tokens.weight
-    return plain
-
-
 def _refuse_scaled_embedding(drafter: DSparkDrafter) -> None:
     scale = embedding_scale(drafter.embed_tokens)
     if scale is not None:
@@ -163,7 +141,8 @@ def _refuse_scaled_embedding(drafter: DSparkDrafter) -> None:
             f"the target's input embedding ({type(drafter.embed_tokens).__name__}) multiplies by {scale:.4g} (Gemma: "
             "sqrt(hidden_size)), but the speculators DSpark format embeds draft tokens with a plain lookup of the "
             "verifier's weight and records no scale: speculators would feed the draft layers unscaled embeddings "
-            "and serve other logits than this drafter's, so a drafter of this target cannot be exported to it"
+            "and serve other logits than this drafter's. Train the drafter with `model.drafter.block_embedding: lookup` "
+            "(a plain lookup, as the format serves it) to export it"
         )
 
 

@@ -24,11 +24,10 @@ from dspark_lightning.interop.speculators_format import (
     _format_key,
     drafter_configs,
     markov_head_config,
-    plain_lookup,
     recorded_verifier,
 )
 from dspark_lightning.models import DraftVocab, DSparkDrafter, FrozenTarget, MarkovHeadConfig
-from dspark_lightning.models.target import final_logit_softcap
+from dspark_lightning.models.target import final_logit_softcap, plain_lookup
 from dspark_lightning.selector.convert import read_candidate_selector
 
 

@@ -35,7 +35,7 @@ from dspark_lightning.models.context_cache import DraftContextCache
 from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.models.sparse_attention import grouped_context
-from dspark_lightning.models.target import final_logit_softcap, rope_theta
+from dspark_lightning.models.target import final_logit_softcap, plain_lookup, rope_theta
 from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, full_vocab_teacher
 from dspark_lightning.models.vocab import DraftVocab
 
@@ -133,7 +133,8 @@ class DSparkDrafter(nn.Module):
             layer_types=config.layer_types,
         )
         softcap = final_logit_softcap(tc)
-        return cls(config, backbone_config, target.embed_tokens, target.lm_head, draft_vocab, softcap)
+        embed = target.embed_tokens if config.block_embedding == "target" else plain_lookup(target.embed_tokens)
+        return cls(config, backbone_config, embed, target.lm_head, draft_vocab, softcap)
 
     @property
     def block_size(self) -> int:

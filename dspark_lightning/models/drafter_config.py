@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -41,6 +42,11 @@ class DrafterConfig:
     """Feed the Markov head's previous-token embedding to the confidence head."""
     draft_vocab: str | None = None
     """Path of a ``.safetensors`` file holding ``d2t`` (a reduced draft vocabulary), or None for the target's."""
+    block_embedding: Literal["target", "lookup"] = "target"
+    """How block tokens (the anchor and the masks) are embedded: ``target``, with the target's own input-embedding
+    module (Gemma multiplies by sqrt(hidden)); ``lookup``, a plain lookup of its weight (the same weight, frozen),
+    which is what the speculators DSpark format serves, so a Gemma drafter must use it to be exported. The same on
+    a target whose embedding is a plain lookup."""
     train_lm_head: bool = False
     """With a draft vocabulary, train a separate draft LM head (else reuse the target's rows, frozen)."""
     num_heads: int | None = None
@@ -61,6 +67,8 @@ class DrafterConfig:
     else all full."""
 
     def __post_init__(self) -> None:
+        if self.block_embedding not in ("target", "lookup"):
+            raise ValueError(f"block_embedding must be 'target' or 'lookup', got {self.block_embedding!r}")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.max_anchors < 1:

@@ -262,6 +262,28 @@ def _input_embedding(skeleton: nn.Module, weight: torch.Tensor, name_or_path: st
     return module
 
 
+@torch.no_grad()
+def embedding_scale(embed_tokens: nn.Module) -> float | None:
+    """None when ``embed_tokens`` is the plain lookup ``weight[ids]`` the format assumes (checked on its first 64
+    ids), else the factor it multiplies by (least squares; Gemma's sqrt(hidden_size), rounded to the weight's dtype)."""
+    weight = embed_tokens.weight
+    ids = torch.arange(min(64, weight.shape[0]), device=weight.device)
+    looked_up, embedded = weight[ids].double(), embed_tokens(ids).double()
+    if torch.equal(looked_up, embedded):
+        return None
+    return float((embedded * looked_up).sum() / (looked_up * looked_up).sum().clamp_min(1e-30))
+
+
+def plain_lookup(embed_tokens: nn.Module) -> nn.Module:
+    """``embed_tokens`` when it is a plain lookup, else an ``nn.Embedding`` sharing its weight (never copied): what
+    ``DrafterConfig.block_embedding: lookup`` embeds block tokens with, as the speculators DSpark format does."""
+    if embedding_scale(embed_tokens) is None:
+        return embed_tokens
+    plain = nn.Embedding(*embed_tokens.weight.shape, device="meta")
+    plain.weight = embed_tokens.weight
+    return plain
+
+
 def rope_theta(config) -> float:
     """The rotary base of the draft layers, from the target's config across transformers versions.
 

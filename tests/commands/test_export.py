@@ -46,8 +46,8 @@ from dspark_lightning.interop import (
     load_exported,
     read_checkpoint,
 )
-from dspark_lightning.interop.speculators_format import embedding_scale, plain_lookup
 from dspark_lightning.models import FrozenTarget, MarkovHeadConfig
+from dspark_lightning.models.target import embedding_scale
 from dspark_lightning.selector.convert import to_candidate_selector
 
 
@@ -359,7 +359,7 @@ def test_a_hub_cache_snapshot_is_recorded_by_its_hub_id(tmp_path):
     assert verifier_record("Qwen/Qwen3-0.6B") == {"name_or_path": "Qwen/Qwen3-0.6B"}  # a hub id as given
 
 
-def test_a_gemma_drafter_is_refused_because_the_format_cannot_scale_its_embeddings(tmp_path):
+def test_a_gemma_drafter_exports_only_when_it_embeds_with_a_plain_lookup(tmp_path):
     """Gemma multiplies its embeddings by sqrt(hidden); the format embeds with a plain lookup: nothing is written."""
     gemma_dir = tmp_path / "gemma3"
     save_gemma_verifier(gemma_dir)
@@ -372,9 +372,25 @@ def test_a_gemma_drafter_is_refused_because_the_format_cannot_scale_its_embeddin
     assert not (tmp_path / "out").exists()
 
     ckpt, _ = train_and_checkpoint(tmp_path, gemma_dir)  # the command: refused, no export and no staging left
-    with pytest.raises(UnsupportedError, match=refusal):
+    with pytest.raises(UnsupportedError, match=refusal + r".*block_embedding: lookup"):
         cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gemma3", "last.ckpt"]
+
+    # trained on a plain lookup (`model.drafter.block_embedding: lookup`): exported, and loaded back the same
+    (tmp_path / "lookup").mkdir()
+    ckpt, module = train_and_checkpoint(tmp_path / "lookup", gemma_dir, block_embedding="lookup")
+    out = tmp_path / "lookup" / "export"
+    cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(out), "--dtype", "float32"])
+    trained = module.drafter.eval()
+    assert embedding_scale(trained.embed_tokens) is None
+    assert_same_outputs(
+        outputs(trained, module.target), outputs(load_exported(out, module.target), module.target), True
+    )
+
+
+def hidden_scale(verifier: dict) -> float:
+    """Gemma's embedding factor as its modelling code applies it: sqrt(hidden_size), rounded to fp32."""
+    return float(torch.tensor(verifier["hidden_size"] ** 0.5, dtype=torch.float32))
 
 
 def test_a_gemma_verifier_is_recorded_and_loaded_as_speculators_reads_it(tmp_path):
@@ -384,9 +400,11 @@ def test_a_gemma_verifier_is_recorded_and_loaded_as_speculators_reads_it(tmp_pat
     save_gemma_verifier(gemma_dir)
     verifier = json.loads((gemma_dir / "config.json").read_text())
     target = FrozenTarget.from_pretrained(str(gemma_dir), target_layer_ids=[1, 2])
-    drafter = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)
-    drafter.embed_tokens = plain_lookup(target.embed_tokens)
+    drafter = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID, block_embedding="lookup")
     assert drafter.embed_tokens.weight is target.embed_tokens.weight and embedding_scale(drafter.embed_tokens) is None
+    scaled = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)  # the default embeds as the target does
+    ids = torch.tensor([3, GEMMA3_MASK_ID])
+    torch.testing.assert_close(scaled.embed_tokens(ids), drafter.embed_tokens(ids) * hidden_scale(verifier))
     out = export_drafter(drafter, tmp_path / "export", verifier_name_or_path=str(gemma_dir), dtype="float32")
     config = json.loads((out / "config.json").read_text())
     layer = config["transformer_layer_config"]

@@ -30,7 +30,6 @@ from helpers.targets import GEMMA3_MASK_ID
 from safetensors.torch import load_file, save_file
 
 from dspark_lightning.interop import export_drafter, load_exported
-from dspark_lightning.interop.speculators_format import plain_lookup
 from dspark_lightning.models import FrozenTarget
 
 PYTHON = os.environ.get("DSPARK_SPECULATORS_PYTHON") or (
@@ -182,7 +181,7 @@ def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, ver
         assert_same(load_file(str(tmp_path / name / "o")), ours, name)
 
 
-def test_a_gemma_drafter_is_refused_because_speculators_would_not_scale_its_embeddings(tmp_path):
+def test_a_gemma_drafter_exports_only_on_a_plain_lookup_because_speculators_would_not_scale_its_embeddings(tmp_path):
     verifier_dir = tmp_path / "gemma3"
     hidden = save_gemma_verifier(verifier_dir).config.hidden_size
     target = FrozenTarget.from_pretrained(str(verifier_dir), target_layer_ids=[1, 2])
@@ -190,9 +189,9 @@ def test_a_gemma_drafter_is_refused_because_speculators_would_not_scale_its_embe
     drafter = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)  # on Gemma's scaled embedding
     with pytest.raises(ValueError, match="plain lookup"):
         export_drafter(drafter, tmp_path / "refused", verifier_name_or_path=str(verifier_dir))
-    # the same weights on a plain lookup of the verifier's embedding: what the format expresses, so it exports
-    plain = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID)
-    plain.embed_tokens = plain_lookup(target.embed_tokens)
+    # the same weights on a plain lookup of the verifier's embedding (`block_embedding: lookup`): what the format
+    # expresses, so it exports
+    plain = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID, block_embedding="lookup")
     export_drafter(plain, tmp_path / "plain", verifier_name_or_path=str(verifier_dir), dtype="float32")
     job = {
         "dir": str(tmp_path / "plain"),
