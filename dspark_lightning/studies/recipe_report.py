@@ -133,6 +133,7 @@ def time_against_generate(row, online, datamodule, num_prompts, max_new_tokens, 
     )  # fmt: skip
     timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
     row["wall_clock"] = timing
+    row["speedup"] = timing["speedup"]  # the whole-block speedup at the top of the row, beside measured_tau
     if not cost_model:
         return None
     cost = measure_verify_cost(online.target, max_block=online.drafter.block_size, packed_verify=packed_verify)

@@ -73,6 +73,7 @@ def test_the_generic_recipe_report_runs_on_a_base_gemma3(base_target, tmp_path):
     assert [(r["head"], r["block_size"]) for r in rows] == [("none", 8), ("gated", 8)]
     for row in rows:
         assert row["wall_clock"]["outputs_equal"] and 1.0 <= row["measured_tau"] <= 9.0
+        assert row["speedup"] == row["wall_clock"]["speedup"] > 0  # the per-head row: head, B, tau, speedup
         assert [e["eval_set"] for e in row["eval_sets"]] == ["sharegpt_heldout", "humaneval"]
         assert all(e["outputs_equal"] and e["speedup"] > 0 for e in row["eval_sets"])
     # the runs saved the data format they trained with (a base model: completion, chosen in the fit config)
