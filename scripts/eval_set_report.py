@@ -3,6 +3,7 @@
     python scripts/eval_set_report.py --decode_json runs/x/decode.json --output reports/NAME \
         --title "..." --fit_command "..." --measure_command "..."
     python scripts/eval_set_report.py --decode_json none=a.json --decode_json gated=b.json ...   # one row per head
+        [--paired_against none]   # and each other head's tau minus none's, paired over the same prompts
 
 Writes ``results.json`` (the commands and, per evaluation set and schedule, ``eval_set``, ``measured_tau``,
 ``measured_tau_ci``, ``speedup``, ``speedup_ci``, the acceptance per slot and every prompt's raw counts and seconds)
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 
 KEYS = (
     "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
@@ -58,9 +61,46 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_differences(rows: list[dict], reference: str) -> list[dict]:
+    """Each other head's measured tau minus ``reference``'s on the same eval set and schedule, with the paired
+    bootstrap interval (the sets' first N prompts are the same prompts in every run, in the same order)."""
+    ref = {(r["eval_set"], schedule(r)): r for r in rows if r.get("head") == reference}
+    if not ref:
+        raise SystemExit(f"--paired_against {reference!r}: no --decode_json names that head")
+    differences = []
+    for r in rows:
+        base = ref.get((r["eval_set"], schedule(r)))
+        if r.get("head") == reference or base is None:
+            continue
+        counts = [[p["emitted_tokens"] for p in x["prompt_records"]] + [p["target_forwards"] for p in x["prompt_records"]]
+                  for x in (r, base)]  # fmt: skip
+        n = len(r["prompt_records"])
+        low, high = ratio_difference_bootstrap_ci(counts[0][:n], counts[0][n:], counts[1][:n], counts[1][n:])
+        differences.append(
+            dict(head=r["head"], against=reference, eval_set=r["eval_set"], schedule=schedule(r),
+                 delta_tau=r["measured_tau"] - base["measured_tau"], delta_tau_ci=[low, high])
+        )  # fmt: skip
+    return differences
+
+
+def difference_table(differences: list[dict]) -> str:
+    lines = [
+        "| head | minus | eval set | schedule | measured tau difference [paired 95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for d in differences:
+        low, high = d["delta_tau_ci"]
+        lines.append(
+            f"| {d['head']} | {d['against']} | {d['eval_set']} | {d['schedule']} "
+            f"| {d['delta_tau']:+.3f} [{low:+.3f}, {high:+.3f}] |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def read_rows(spec: str) -> list[dict]:
     """The rows of one ``decode --json`` file, ``PATH`` or ``HEAD=PATH`` (then each row carries ``head``)."""
-    head, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    # a file's own name may hold "=" (study/.../step=1200.decode.json): only a spec that is no file names a head
+    head, _, path = ("", "", spec) if Path(spec).is_file() else spec.partition("=")
     rows = []
     for r in json.loads(Path(path).read_text()):
         row = ({"head": head} if head else {}) | {k: r.get(k) for k in KEYS}
@@ -75,14 +115,19 @@ def main() -> None:
     parser.add_argument("--title", required=True)
     parser.add_argument("--fit_command", required=True)
     parser.add_argument("--measure_command", required=True)
+    parser.add_argument("--paired_against", help="a HEAD: every other head's tau difference to it, paired bootstrap")
     args = parser.parse_args()
     rows = [row for spec in args.decode_json for row in read_rows(spec)]
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     results = dict(title=args.title, fit_command=args.fit_command, measure_command=args.measure_command, eval_sets=rows)
+    text = table(rows)
+    if args.paired_against:
+        results["paired_differences"] = paired_differences(rows, args.paired_against)
+        text += "\n" + difference_table(results["paired_differences"])
     (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (output / "table.md").write_text(table(rows))
-    print(table(rows))
+    (output / "table.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""scripts/eval_set_report.py: rows read from ``decode --json`` files, a head per file, and the break-even tau."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from helpers.paths import ROOT
+
+spec = importlib.util.spec_from_file_location("eval_set_report", ROOT / "scripts" / "eval_set_report.py")
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def decode_row(eval_set, threshold=None):
+    # two prompts: 40 tokens in 20 steps of 0.10 s (baseline 0.05 s per token), 30 in 10 steps of 0.12 s (0.04 s)
+    records = [
+        dict(emitted_tokens=40, target_forwards=20, speculative_seconds=2.0, baseline_seconds=2.0),
+        dict(emitted_tokens=30, target_forwards=10, speculative_seconds=1.2, baseline_seconds=1.2),
+    ]
+    return dict(
+        eval_set=eval_set, mode="markov", threshold=threshold, num_prompts=2, max_new_tokens=8, measured_tau=70 / 30,
+        measured_tau_ci=[2.0, 3.0], speedup=1.0, speedup_ci=[0.9, 1.1], outputs_equal=True, mean_verified=8.0,
+        prompt_records=records,
+    )  # fmt: skip
+
+
+def test_a_file_whose_name_holds_an_equals_sign_is_read_with_or_without_a_head(tmp_path):
+    path = tmp_path / "step=1200.decode.json"
+    path.write_text(json.dumps([decode_row("humaneval"), decode_row("humaneval", [0.1, 0.2])]))
+    plain = report.read_rows(str(path))
+    named = report.read_rows(f"gated (1,200 steps)={path}")
+    assert [r.get("head") for r in plain] == [None, None]
+    assert [r["head"] for r in named] == ["gated (1,200 steps)"] * 2
+    assert [report.schedule(r) for r in named] == ["whole blocks", "cost model"]
+    # seconds per step over seconds per token, each a total over the prompts: (3.2 / 30) / (3.2 / 70) = 70 / 30
+    assert named[0]["break_even_tau"] == pytest.approx(70 / 30)
+    assert "| gated (1,200 steps) | humaneval | markov | cost model | 2 |" in report.table(named)
+
+
+def test_paired_differences_are_taken_on_the_same_set_and_schedule(tmp_path):
+    base, better = tmp_path / "none.json", tmp_path / "gated.json"
+    base.write_text(json.dumps([decode_row("humaneval"), decode_row("humaneval", [0.1, 0.2])]))
+    faster = decode_row("humaneval")
+    faster["prompt_records"][1]["target_forwards"] = 6  # 30 tokens in 6 steps instead of 10
+    faster["measured_tau"] = 70 / 26
+    better.write_text(json.dumps([faster, decode_row("humaneval", [0.1, 0.2])]))
+    rows = report.read_rows(f"none={base}") + report.read_rows(f"gated={better}")
+    (whole, cost) = report.paired_differences(rows, "none")
+    assert (whole["eval_set"], whole["schedule"], cost["schedule"]) == ("humaneval", "whole blocks", "cost model")
+    assert whole["delta_tau"] == pytest.approx(70 / 26 - 70 / 30)
+    # resampled prompt pairs: both prompts -> the whole delta, prompt 1 twice -> 0, prompt 2 twice -> 5 - 3
+    low, high = whole["delta_tau_ci"]
+    assert 0.0 <= low <= whole["delta_tau"] <= high <= 2.0
+    assert cost["delta_tau"] == 0.0 and cost["delta_tau_ci"] == [0.0, 0.0]  # the same runs: no difference at all
+    with pytest.raises(SystemExit, match="rnn"):
+        report.paired_differences(rows, "rnn")
