@@ -7,8 +7,10 @@
 #   bash reports/smollm2_study/run.sh combined    # the two changes that helped at 600 steps together, 1,200 steps
 #   bash reports/smollm2_study/run.sh pays        # the combined drafter without a Markov head, then both timed
 #                                                 # against generate (wall clock, whole blocks and cost model)
-#   bash reports/smollm2_study/run.sh long        # the combined gated drafter trained 2,400 steps, then timed
-# Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was.
+#   bash reports/smollm2_study/run.sh long        # the combined gated drafter trained 2,400 steps, then timed;
+#                                                 # LONG_STEPS=4800 (HEAD=none) trains and times a longer one
+# Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was; a fit
+# stopped part-way resumes from its last checkpoint (every 300 steps).
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
 # cache/smollm2/validation. One torch thread per stage: two stages share the 2 cores of the machine it ran on.
 set -euo pipefail
@@ -28,12 +30,15 @@ cache() {  # cache DATA OUTPUT
 fit() {
   local name=$1 steps=$2; shift 2
   [ -f "$OUT/$name/step=$steps.ckpt" ] && return
+  local last resume=()  # a run stopped part-way goes on from its last 300-step checkpoint (optimizer and schedule too)
+  last=$(ls "$OUT/$name"/step=*.ckpt 2>/dev/null | sort -t= -k2 -n | tail -1)
+  [ -n "$last" ] && resume=(--ckpt_path "$last")
   $B fit --config configs/smollm2_sharegpt.yaml --config "configs/heads/${HEAD:-gated}.yaml" \
     --trainer.max_steps "$steps" --trainer.val_check_interval "$steps" --model.drafter.max_anchors 32 \
     --model.training.lr_warmup_steps 40 \
     --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint --trainer.callbacks.dirpath="$OUT/$name" \
     --trainer.callbacks.every_n_train_steps=300 --trainer.callbacks.save_top_k=-1 --trainer.callbacks.filename='{step}' \
-    "$@" 2>&1 | tee "$OUT/$name.fit.log" | grep -E 'val/|Error|error' || true
+    "${resume[@]}" "$@" 2>&1 | tee -a "$OUT/$name.fit.log" | grep -E 'val/|Error|error' || true
   [ -f "$OUT/$name/step=$steps.ckpt" ]
 }
 
@@ -81,8 +86,9 @@ case "${1:?stage: caches | study | data | combined}" in
     D3000="[$C951,$C1284,$C3000]"
     HEAD=none fit combined1200_none 1200 --data.train_cache "$D3000" --model.drafter.max_anchors 128
     time_vs_generate combined1200_none 1200 parallel; time_vs_generate combined1200 1200 ;;  # no head: parallel mode
-  long)  # the combined gated drafter at twice the steps (its own cosine schedule to 2,400)
-    fit combined2400 2400 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
-    time_vs_generate combined2400 2400 ;;
+  long)  # the combined drafter at LONG_STEPS (default twice the steps: 2,400; its own cosine schedule to the end)
+    N=${LONG_STEPS:-2400}; NAME=combined$N${HEAD:+_$HEAD}; NAME=${NAME%_gated}
+    fit "$NAME" "$N" --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
+    if [ "${HEAD:-gated}" = none ]; then time_vs_generate "$NAME" "$N" parallel; else time_vs_generate "$NAME" "$N"; fi ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
