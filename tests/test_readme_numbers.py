@@ -580,7 +580,82 @@ def study_fit(eval_set: str, key: str, scale: float = 1.0, spec: str = "+.2f"):
     return lambda: format(load_json(STUDY)["extrapolation"][eval_set][key] / scale, spec)
 
 
+PAYS = "reports/smollm2_study/wall_clock/results.json"
+
+
+def pays(head: str, eval_set: str, cost_model: bool, key: str, index: int | None = None, spec: str = ".3f"):
+    """A thunk: ``key`` (or a bound) of one timed row of the study's run that pays (``scripts/eval_set_report.py``)."""
+
+    def value():
+        (row,) = [
+            r for r in load_json(PAYS)["eval_sets"]
+            if (r["head"], r["eval_set"], isinstance(r["threshold"], list)) == (head, eval_set, cost_model)
+        ]  # fmt: skip
+        return format(row[key] if index is None else row[key][index], spec)
+
+    return value
+
+
+def pays_difference(head: str, eval_set: str, schedule: str, index: int | None = None):
+    def value():
+        (d,) = [
+            d for d in load_json(PAYS)["paired_differences"]
+            if (d["head"], d["eval_set"], d["schedule"]) == (head, eval_set, schedule)
+        ]  # fmt: skip
+        return format(d["delta_tau"] if index is None else d["delta_tau_ci"][index], "+.3f").replace("-", "−")
+
+    return value
+
+
+def vocab_metadata(path: str, key: str, scale: float = 1.0, spec: str = ",.0f"):
+    """A thunk: a summary figure a draft vocabulary file records in its safetensors metadata."""
+
+    def value():
+        from safetensors import safe_open
+
+        with safe_open(str(ROOT / path), "pt") as f:
+            return format(float(f.metadata()[key]) * scale, spec)
+
+    return value
+
+
+G2400, G1200 = "gated (2,400 steps)", "gated (1,200 steps)"
+
 PROSE = {
+    "- **Gemma's draft vocabulary**": Figures(
+        claims=[
+            ("covers **{}%** of the validation continuations' {} tokens",
+             vocab_metadata("assets/gemma3/draft_vocab.safetensors", "held_out_coverage", 100, ".1f"),
+             vocab_metadata("assets/gemma3/draft_vocab.safetensors", "held_out_supervised_tokens")),
+            ("use only {} distinct ids", vocab_metadata("assets/gemma3/draft_vocab.safetensors", "distinct_tokens")),
+        ],
+        context=["Vd = 32,768 of V = 262,144"],
+    ),
+    "**The run that pays, not yet**": Figures(
+        claims=[
+            ("tau **{}** [{}, {}] on sharegpt_heldout and {} on humaneval",
+             pays(G2400, "sharegpt_heldout", False, "measured_tau"),
+             pays(G2400, "sharegpt_heldout", False, "measured_tau_ci", 0),
+             pays(G2400, "sharegpt_heldout", False, "measured_tau_ci", 1),
+             pays(G2400, "humaneval", False, "measured_tau")),
+            ("at **{}×** [{}, {}] of `generate` with the cost-model schedule ({}× verifying whole blocks) on "
+             "sharegpt_heldout and {}× on humaneval",
+             pays(G2400, "sharegpt_heldout", True, "speedup"),
+             pays(G2400, "sharegpt_heldout", True, "speedup_ci", 0),
+             pays(G2400, "sharegpt_heldout", True, "speedup_ci", 1),
+             pays(G2400, "sharegpt_heldout", False, "speedup"),
+             pays(G2400, "humaneval", True, "speedup")),
+            ("the gated head measures {} [{}, {}] over the head-less drafter",
+             pays_difference(G1200, "sharegpt_heldout", "whole blocks"),
+             pays_difference(G1200, "sharegpt_heldout", "whole blocks", 0),
+             pays_difference(G1200, "sharegpt_heldout", "whole blocks", 1)),
+            ("tau {} with the cost model and {} with whole blocks",
+             pays(G2400, "sharegpt_heldout", True, "break_even_tau", spec=".2f"),
+             pays(G2400, "sharegpt_heldout", False, "break_even_tau", spec=".2f")),
+        ],
+        context=["1,200 steps and gated for 2,400", "first 12 prompts", "128 tokens", "at 2,400 steps", "At 1,200 steps",
+                 "speedup above 1 with its interval above 1, tau 2.0, tau 2.5"],
+    ),
     "**What moves tau per CPU hour**": Figures(
         claims=[
             ("instead of 32 adds **{}** [{}, {}] on sharegpt_heldout and {} on humaneval",
