@@ -103,10 +103,8 @@ def decode_command(
     runnable = [m for m in modes if m in supported_modes(head)]
     skipped = sorted(set(modes) - set(runnable))
     if not runnable:  # nothing would be measured: an empty report is no answer
-        raise OptionError(
-            f"--modes {list(modes)}: the drafter ({'no Markov head' if head is None else type(head).__name__}) supports only "
-            f"{list(supported_modes(head))}"
-        )
+        drafter = "no Markov head" if head is None else type(head).__name__
+        raise OptionError(f"--modes {list(modes)}: the drafter ({drafter}) supports only {list(supported_modes(head))}")
     if skipped:
         print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
     prompts = [] if eval_sets else data.eval_prompts()[:num_prompts]

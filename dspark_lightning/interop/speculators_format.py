@@ -44,7 +44,8 @@ Decisions where the public format is silent or cannot express what we train:
   drafter trained on scaled block embeddings, which speculators would feed unscaled ones: other logits. Folding the
   scale into the draft weights (every residual write divided by it) is exact only up to the RMSNorms' eps, one field
   for all the draft norms, so ``build_config`` refuses such a drafter (``embedding_scale`` measures the factor)
-  rather than write an export that serves wrong logits. Loading reads the format as speculators does: the draft
+  rather than write an export that serves wrong logits; a drafter trained with ``block_embedding: lookup``
+  (``DrafterConfig``) embeds as the format does and exports. Loading reads the format as speculators does: the draft
   layers get the plain lookup of the target's weight (``plain_lookup``), and nested per-layer-type
   ``rope_parameters`` give the ``sliding_attention`` base, as its ``flatten_rope_parameters`` picks (ours are flat:
   the full-attention base, ``models.target.rope_theta``). A tied verifier's LM head is its embedding weight in both.
