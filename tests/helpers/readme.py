@@ -31,7 +31,8 @@ def readme_commands(text: str | None = None) -> list[list[str]]:
             for name, value in re.findall(r"(\w+)=('[^']*'|[^;\s]+)", line.split("#")[0]):
                 variables[name] = value.strip("'")
             words = shlex.split(expand(line, variables), comments=True)
-            starts = [i for i, word in enumerate(words) if word.endswith("dspark-lightning")]
+            # the program itself, not an assignment that names it (export DSPARK=.venv/bin/dspark-lightning)
+            starts = [i for i, word in enumerate(words) if word.endswith("dspark-lightning") and "=" not in word]
             if starts:
                 words = words[starts[0] + 1 :]
                 optional = [i for i, w in enumerate(words) if w.startswith("[--")]
