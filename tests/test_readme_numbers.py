@@ -619,9 +619,37 @@ def vocab_metadata(path: str, key: str, scale: float = 1.0, spec: str = ",.0f"):
     return value
 
 
+GEMMA = "reports/gemma3/results.json"
+
+
+def gemma(head: str, key: str, eval_set: str | None = None, cost_model: bool = False, spec: str = ".3f"):
+    """A thunk: one head's ``key`` in the Gemma recipe report, on the recipe's prompts or on ``eval_set``."""
+
+    def value():
+        (row,) = [r for r in load_json(GEMMA)["rows"] if r["head"] == head]
+        if eval_set is not None:
+            (row,) = [
+                e for e in row["eval_sets"] if e["eval_set"] == eval_set and (e["threshold"] is not None) == cost_model
+            ]
+        return format(row[key], spec)
+
+    return value
+
+
 G2400, G1200 = "gated (2,400 steps)", "gated (1,200 steps)"
 
+HEADS3 = ("none", "vanilla", "gated")
+
 PROSE = {
+    "**Gemma 3 270M, a base model**": Figures(
+        claims=[
+            ("measured tau {} head-less, {} vanilla and {} gated", *(gemma(h, "measured_tau") for h in HEADS3)),
+            ("at {}×, {}× and {}× of `generate`", *(gemma(h, "speedup", spec=".2f") for h in HEADS3)),
+            ("HumanEval completion prompts: tau {}, {} and {}", *(gemma(h, "measured_tau", "humaneval") for h in HEADS3)),
+            ("({}×, {}×, {}×)", *(gemma(h, "speedup", "humaneval", spec=".2f") for h in HEADS3)),
+        ],
+        context=["Gemma 3 270M", "600 steps", "512 regenerated", "12 held-out", "128 tokens", "on 12"],
+    ),
     "- **Gemma's draft vocabulary**": Figures(
         claims=[
             ("covers **{}%** of the validation continuations' {} tokens",
