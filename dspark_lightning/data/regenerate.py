@@ -46,6 +46,7 @@ from dspark_lightning.data.records import RawRecord, iter_local_records, limit_s
 from dspark_lightning.data.regenerate_completion import (
     PROMPT_KINDS,
     GreedyContinuation,
+    code_chat_prompts,
     read_prompt_records,
     record_prompts,
     regenerate_format,
@@ -189,15 +190,16 @@ def regenerate(
     split: str = "train",
     split_by_id: dict[str, float] | None = None,
     format: str = "auto",
-    prompts: Sequence[str] = PROMPT_KINDS,
+    prompts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done.
 
     With ``split_by_id`` (e.g. ``{"validation": 0.02, "test": 0.02}``) only the records that :class:`IdSplit` puts in
     ``split`` are regenerated, and shards are named ``<split>-NNNNN.jsonl``; ``max_turns`` stops each conversation
     after that many regenerated replies. ``format``: ``chat`` rewrites assistant turns, ``completion`` writes
-    completion records of the ``prompts`` kinds (``regenerate_completion.py``), ``auto`` is chat for a target with a
-    chat template and completion for one without."""
+    completion records of the ``prompts`` kinds (``regenerate_completion.py``, default both), ``auto`` is chat for a
+    target with a chat template and completion for one without. ``prompts=["code"]`` with chat answers each
+    conversation's code prompt asked in HumanEval's chat form instead (``code_chat_prompts``)."""
     id_split = IdSplit.from_fractions(split_by_id)
     if split not in ("train", "validation", "test"):
         raise ValueError(f"split must be train, validation or test, got {split!r}")
@@ -209,6 +211,11 @@ def regenerate(
     data_format = regenerate_format(format, tokenizer, target)  # before the model loads: never an invented template
     if data_format == "completion" and max_turns is not None:
         raise OptionError("--max_turns counts chat replies; --format completion writes one continuation per prompt")
+    if data_format == "chat" and prompts is not None and list(prompts) != ["code"]:
+        raise OptionError(
+            f"--prompts {list(prompts)} with --format chat: chat takes '[code]' (each conversation's code prompt asked "
+            "in HumanEval's chat form) or no --prompts (every assistant turn rewritten; --max_turns 1 for first turns)"
+        )
     if model is None:
         torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(dtype)
         torch_dtype = torch_dtype or getattr(torch, dtype)
@@ -228,13 +235,14 @@ def regenerate(
 
         def mine(counter: Counter) -> Iterator[tuple[str, str]]:
             records = job_conversations(data, counter, id_split, split, num_jobs, job_index, read_prompt_sources)
-            return record_prompts(records, prompts, counter)
+            return record_prompts(records, PROMPT_KINDS if prompts is None else prompts, counter)
     else:
         regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
         unit = "conversations"
 
         def mine(counter: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
-            return job_conversations(data, counter, id_split, split, num_jobs, job_index)
+            conversations = job_conversations(data, counter, id_split, split, num_jobs, job_index)
+            return conversations if prompts is None else code_chat_prompts(conversations, counter)
 
     if limit is not None:  # the bar counts records written, up to the limit
         total, unit = max(0, limit - already), "records"
@@ -344,7 +352,8 @@ def regenerate_command(
         split_by_id: fractions of conversations held out by id, e.g. {"validation": 0.02, "test": 0.02}
         format: chat (rewrite assistant turns), completion (base models: plain-text prompts and the target's greedy
             continuations), auto (chat when the target has a chat template, else completion)
-        prompts: with completion: prompts made of each conversation, first_turn and/or code (default: both)
+        prompts: with completion: prompts made of each conversation, first_turn and/or code (default: both); with
+            chat: [code] answers each conversation's code prompt asked in HumanEval's chat form
     """
     summary = regenerate(
         target,
@@ -365,7 +374,7 @@ def regenerate_command(
         split=split,
         split_by_id=split_by_id,
         format=format,
-        prompts=PROMPT_KINDS if prompts is None else prompts,
+        prompts=prompts,
     )
     print(json.dumps(summary, indent=2))
     if "stopped" in summary:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from dspark_lightning.data.completion import CompletionEncoder, completion_id, first_turn_prompt, record_kind
+from dspark_lightning.data.eval_sets import HUMANEVAL_CHAT_FORMAT
 from dspark_lightning.data.formats import DATA_FORMATS, has_chat_template
 from dspark_lightning.data.greedy import eos_token_ids, greedy_new_tokens, pad_token_id
 from dspark_lightning.data.records import RawRecord
@@ -147,6 +148,21 @@ def record_prompts(
                 counts[f"records_without_{kind}_prompt"] += 1
             else:
                 yield f"{identifier}#{kind}", prompt
+
+
+def code_chat_prompts(
+    conversations: Iterable[tuple[str, list[dict[str, str]]]], counts: Counter
+) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """``(<id>#code, [user turn, empty assistant turn])`` of each conversation that has a code prompt: that prompt as
+    one user turn in HumanEval's chat form (``eval_sets.HUMANEVAL_CHAT_FORMAT``) and the reply for a chat target to
+    write (``regenerate --format chat --prompts '[code]'``); the others are counted as ``records_without_code_prompt``."""
+    for identifier, messages in conversations:
+        prompt = code_prompt(messages)
+        if prompt is None:
+            counts["records_without_code_prompt"] += 1
+            continue
+        question = {"role": "user", "content": HUMANEVAL_CHAT_FORMAT.format(prompt=prompt)}
+        yield f"{identifier}#code", [question, {"role": "assistant", "content": ""}]
 
 
 class GreedyContinuation:

@@ -8,10 +8,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.base_targets import base_model_copy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark_lightning.data.completion import CompletionEncoder, first_turn_prompt
+from dspark_lightning.data.eval_sets import HUMANEVAL_CHAT_FORMAT
 from dspark_lightning.data.regenerate import regenerate
 from dspark_lightning.data.regenerate_completion import code_prompt
 from dspark_lightning.data.sharegpt import DataFormatError
@@ -165,3 +167,32 @@ def test_a_chat_target_can_write_completion_records_when_asked(tmp_path, base_ta
     )
     assert chat["format"] == "chat" and "conversations" in read_records(tmp_path / "chat")[0]
     assert Counter(chat)["written"] == 1
+
+
+def test_a_chat_target_answers_code_prompts_asked_as_humaneval_asks(tmp_path, base_target):
+    """``--format chat --prompts '[code]'``: each conversation's code prompt becomes one user turn in HumanEval's chat
+    form, and the record holds the chat target's own greedy reply to it (checked against ``generate``)."""
+    _, model, _ = base_target
+    from helpers.paths import DEMO_TARGET
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_TARGET)
+    data = tmp_path / "in.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in CONVERSATIONS) + "\n")
+    kwargs = dict(max_new_tokens=10, batch_size=2, model=model, tokenizer=tokenizer, format="chat")
+    summary = regenerate(str(DEMO_TARGET), str(data), tmp_path / "code", prompts=["code"], **kwargs)
+    assert summary["format"] == "chat" and summary["written"] == 1
+    assert summary["records_without_code_prompt"] == 2  # "one" and the messages record, counted
+    (record,) = read_records(tmp_path / "code")
+    assert record["id"] == "two#code"
+    question, reply = record["conversations"]
+    code = code_prompt([{"role": "assistant", "content": SOURCE}])
+    assert question == {"from": "human", "value": HUMANEVAL_CHAT_FORMAT.format(prompt=code)}
+    messages = [{"role": "user", "content": question["value"]}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    output = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, pad_token_id=0)
+    new = output[0, len(ids) :].tolist()
+    new = new[: new.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in new else new
+    assert reply == {"from": "gpt", "value": tokenizer.decode(new, skip_special_tokens=True).strip()}
+    for kinds in (["first_turn"], ["code", "first_turn"]):
+        with pytest.raises(OptionError, match=r"--prompts .* with --format chat"):
+            regenerate(str(DEMO_TARGET), str(data), tmp_path / "kinds", prompts=kinds, **kwargs)
