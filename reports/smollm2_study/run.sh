@@ -36,7 +36,7 @@ fit() {
   local name=$1 steps=$2; shift 2
   [ -f "$OUT/$name/step=$steps.ckpt" ] && return
   local last resume=()  # a run stopped part-way goes on from its last 300-step checkpoint (optimizer and schedule too)
-  last=$(ls "$OUT/$name"/step=*.ckpt 2>/dev/null | sort -t= -k2 -n | tail -1)
+  last=$(ls "$OUT/$name"/step=*.ckpt 2>/dev/null | sort -t= -k2 -n | tail -1) || true  # none yet: ls fails
   [ -n "$last" ] && resume=(--ckpt_path "$last")
   $B fit --config configs/smollm2_sharegpt.yaml --config "configs/heads/${HEAD:-gated}.yaml" \
     --trainer.max_steps "$steps" --trainer.val_check_interval "$steps" --model.drafter.max_anchors 32 \
