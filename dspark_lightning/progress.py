@@ -17,9 +17,9 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from time import monotonic
 
 
 @contextmanager
@@ -57,15 +57,15 @@ def progress_bar(description: str, total: int | None, unit: str = "") -> Iterato
         if console.is_terminal:
             yield lambda n=1: progress.advance(task, n)
             return
-        started = last = time.monotonic()
+        started = last = monotonic()
 
         def advance(n: int = 1) -> None:
             nonlocal last
             progress.advance(task, n)
-            now = time.monotonic()
+            now = monotonic()
             if now - last >= LOG_EVERY_S:
                 last = now
-                print(_progress_line(description, progress.tasks[0].completed, total, unit, now - started),
+                print(progress_line(description, progress.tasks[0].completed, total, unit, now - started),
                       file=sys.stderr, flush=True)  # fmt: skip
 
         yield advance
@@ -74,12 +74,16 @@ def progress_bar(description: str, total: int | None, unit: str = "") -> Iterato
 LOG_EVERY_S = 60.0  # off a terminal: how often a progress line is written
 
 
-def _progress_line(description: str, done: float, total: int | None, unit: str, elapsed: float) -> str:
-    """``cache: 87/300 samples, 14:02 elapsed, ETA 34:20`` (no ETA without a total or before the first unit)."""
+def progress_line(
+    description: str, done: float, total: int | None, unit: str, elapsed: float, done_in_elapsed: float | None = None
+) -> str:
+    """``cache: 87/300 samples, 14:02 elapsed, ETA 34:20`` (no ETA without a total or before the first unit).
+    ``done_in_elapsed``: the units done in ``elapsed`` when fewer than ``done`` (a resumed run), for the ETA."""
     line = f"{description}: {done:.0f}{'' if total is None else f'/{total}'} {unit}".rstrip()
     line += f", {_clock(elapsed)} elapsed"
-    if total is not None and done > 0:
-        line += f", ETA {_clock(elapsed * max(total - done, 0) / done)}"
+    rate_done = done if done_in_elapsed is None else done_in_elapsed
+    if total is not None and rate_done > 0:
+        line += f", ETA {_clock(elapsed * max(total - done, 0) / rate_done)}"
     return line
 
 

@@ -7,7 +7,7 @@ from dspark_lightning import progress
 
 def test_off_a_terminal_a_progress_line_is_written_every_interval(monkeypatch, capsys):
     now = [1000.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(progress, "monotonic", lambda: now[0])
     with progress.progress_bar("regenerate", total=10, unit="records") as advance:
         for _ in range(4):  # 30 s per record: a line after the 2nd (60 s) and the 4th (120 s) record
             now[0] += 30.0
@@ -23,5 +23,5 @@ def test_off_a_terminal_a_progress_line_is_written_every_interval(monkeypatch, c
 
 
 def test_a_progress_line_without_a_total_has_no_eta():
-    assert progress._progress_line("cache", 5, None, "samples", 3725.0) == "cache: 5 samples, 1:02:05 elapsed"
-    assert progress._progress_line("decode", 0, 8, "", 61.0) == "decode: 0/8, 1:01 elapsed"
+    assert progress.progress_line("cache", 5, None, "samples", 3725.0) == "cache: 5 samples, 1:02:05 elapsed"
+    assert progress.progress_line("decode", 0, 8, "", 61.0) == "decode: 0/8, 1:01 elapsed"

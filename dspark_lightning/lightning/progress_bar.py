@@ -5,12 +5,19 @@ its ``RichProgressBar`` then shows ``Epoch 3/-2``, restarts its count at every p
 ``StepProgressBar`` (what the shipped configs use) keeps one bar for the whole run, ``global_step / max_steps`` with
 elapsed time and ETA, names the pass as ``epoch N`` without a bogus bound, and leaves out ``v_num`` (the logger's
 version, shown by Lightning as a metric: ``v_num: 0.000``; the run directory already says it). Without a
-``max_steps`` it behaves like ``RichProgressBar``.
+``max_steps`` it behaves like ``RichProgressBar``. Off a terminal (``nohup``, a batch job's log) rich draws nothing
+until the run ends, so a line ``fit: 300/1200 steps, 5:02 elapsed, ETA 15:06 | <metrics>`` is written at most every
+``progress.LOG_EVERY_S`` seconds instead.
 """
 
 from __future__ import annotations
 
+import sys
+from time import monotonic
+
 from lightning.pytorch.callbacks import RichProgressBar
+
+from dspark_lightning import progress
 
 
 class StepProgressBar(RichProgressBar):
@@ -54,6 +61,23 @@ class StepProgressBar(RichProgressBar):
         self._update(self.train_progress_bar_id, trainer.global_step)
         self._update_metrics(trainer, pl_module)
         self.refresh()
+        if not self.is_disabled and self._console is not None and not self._console.is_terminal:
+            self._log_line(trainer, pl_module)
+
+    def _log_line(self, trainer, pl_module) -> None:
+        now = monotonic()
+        started = getattr(self, "_line_started", None)
+        if started is None:  # the first step: the clock starts here (a resumed run counts from its own start)
+            self._line_started, self._line_last, self._line_first_step = now, now, trainer.global_step
+            return
+        if now - self._line_last < progress.LOG_EVERY_S:
+            return
+        self._line_last = now
+        step, this_run = trainer.global_step, trainer.global_step - self._line_first_step
+        line = progress.progress_line("fit", step, self._max_steps(), "steps", now - started, this_run)
+        metrics = self.get_metrics(trainer, pl_module)
+        shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        print(f"{line} | {shown}" if shown else line, file=sys.stderr, flush=True)
 
     def get_metrics(self, trainer, pl_module):
         metrics = super().get_metrics(trainer, pl_module)

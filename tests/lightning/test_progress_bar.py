@@ -61,6 +61,29 @@ def test_step_progress_bar_counts_max_steps_across_epochs_without_v_num(tmp_path
     assert "v_num" not in metrics and "train/loss" in metrics
 
 
+def test_off_a_terminal_fit_writes_a_step_line_with_an_eta(tmp_path, monkeypatch, capsys):
+    from dspark_lightning.lightning import progress_bar
+
+    now = [0.0]
+
+    def clock():  # 25 s a step: with the clock starting at step 1, lines at steps 4 and 7 (75 s apart)
+        now[0] += 25.0
+        return now[0]
+
+    monkeypatch.setattr(progress_bar, "monotonic", clock)
+    trainer = L.Trainer(
+        max_steps=STEPS, callbacks=[StepProgressBar()], logger=False, enable_checkpointing=False,
+        enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(Stream(), batch_size=None))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fit:")]
+    assert [line.split(" | ")[0] for line in lines] == [
+        "fit: 4/7 steps, 1:15 elapsed, ETA 1:15",  # 3 steps in 75 s, 3 to go
+        "fit: 7/7 steps, 2:30 elapsed, ETA 0:00",
+    ]
+    assert all("train/loss" in line.split(" | ")[1] for line in lines)
+
+
 def test_shipped_configs_use_the_step_progress_bar():
     class_paths = []
     for config in sorted((ROOT / "configs").rglob("*.yaml")):
