@@ -583,12 +583,16 @@ def study_fit(eval_set: str, key: str, scale: float = 1.0, spec: str = "+.2f"):
 PAYS = "reports/smollm2_study/wall_clock/results.json"
 
 
-def pays(head: str, eval_set: str, cost_model: bool, key: str, index: int | None = None, spec: str = ".3f"):
-    """A thunk: ``key`` (or a bound) of one timed row of the study's run that pays (``scripts/eval_set_report.py``)."""
+CODE_DATA = "reports/smollm2_study/code_data/results.json"
+
+
+def pays(head: str, eval_set: str, cost_model: bool, key: str, index: int | None = None, spec: str = ".3f", path=PAYS):
+    """A thunk: ``key`` (or a bound) of one timed row of the study's run that pays (``scripts/eval_set_report.py``),
+    or of another such report at ``path``."""
 
     def value():
         (row,) = [
-            r for r in load_json(PAYS)["eval_sets"]
+            r for r in load_json(path)["eval_sets"]
             if (r["head"], r["eval_set"], isinstance(r["threshold"], list)) == (head, eval_set, cost_model)
         ]  # fmt: skip
         return format(row[key] if index is None else row[key][index], spec)
@@ -596,10 +600,10 @@ def pays(head: str, eval_set: str, cost_model: bool, key: str, index: int | None
     return value
 
 
-def pays_difference(head: str, eval_set: str, schedule: str, index: int | None = None):
+def pays_difference(head: str, eval_set: str, schedule: str, index: int | None = None, path=PAYS):
     def value():
         (d,) = [
-            d for d in load_json(PAYS)["paired_differences"]
+            d for d in load_json(path)["paired_differences"]
             if (d["head"], d["eval_set"], d["schedule"]) == (head, eval_set, schedule)
         ]  # fmt: skip
         return format(d["delta_tau"] if index is None else d["delta_tau_ci"][index], "+.3f").replace("-", "−")
@@ -637,6 +641,7 @@ def gemma(head: str, key: str, eval_set: str | None = None, cost_model: bool = F
 
 
 G2400, G1200 = "gated (2,400 steps)", "gated (1,200 steps)"
+CHAT, CODE = "gated, chat data (1,200 steps)", "gated, chat + code data (1,200 steps)"
 
 HEADS3 = ("none", "vanilla", "gated")
 
@@ -683,6 +688,21 @@ PROSE = {
         ],
         context=["1,200 steps and gated for 2,400", "first 12 prompts", "128 tokens", "at 2,400 steps", "At 1,200 steps",
                  "speedup above 1 with its interval above 1, tau 2.0, tau 2.5"],
+    ),
+    "**Code data for HumanEval**": Figures(
+        claims=[
+            ("move humaneval by **{}** [{}, {}] (tau {} against {})",
+             pays_difference(CODE, "humaneval", "whole blocks", path=CODE_DATA),
+             pays_difference(CODE, "humaneval", "whole blocks", 0, path=CODE_DATA),
+             pays_difference(CODE, "humaneval", "whole blocks", 1, path=CODE_DATA),
+             pays(CODE, "humaneval", False, "measured_tau", path=CODE_DATA),
+             pays(CHAT, "humaneval", False, "measured_tau", path=CODE_DATA)),
+            ("sharegpt_heldout {} [{}, {}]",
+             pays_difference(CODE, "sharegpt_heldout", "whole blocks", path=CODE_DATA),
+             pays_difference(CODE, "sharegpt_heldout", "whole blocks", 0, path=CODE_DATA),
+             pays_difference(CODE, "sharegpt_heldout", "whole blocks", 1, path=CODE_DATA)),
+        ],
+        context=["SmolLM2's own", "300 code", "1,200 steps", "12 prompts", "128 tokens", "HumanEval's 2.5"],
     ),
     "**What moves tau per CPU hour**": Figures(
         claims=[
