@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from time import monotonic
 
+LOG_EVERY_S = 60.0  # off a terminal: how often a progress line is written
+
 
 @contextmanager
 def progress_bar(description: str, total: int | None, unit: str = "") -> Iterator[Callable[..., None]]:
@@ -69,9 +71,6 @@ def progress_bar(description: str, total: int | None, unit: str = "") -> Iterato
                       file=sys.stderr, flush=True)  # fmt: skip
 
         yield advance
-
-
-LOG_EVERY_S = 60.0  # off a terminal: how often a progress line is written
 
 
 def progress_line(

@@ -23,6 +23,13 @@ from dspark_lightning import progress
 class StepProgressBar(RichProgressBar):
     """``RichProgressBar`` over optimizer steps of ``trainer.max_steps`` (see the module docstring)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # the off-terminal line: its clock starts at the first step this process trains (a resumed run's own start)
+        self._line_started: float | None = None
+        self._line_last = 0.0
+        self._line_first_step = 0
+
     def _max_steps(self) -> int | None:
         max_steps = self.trainer.max_steps
         return max_steps if max_steps is not None and max_steps > 0 else None
@@ -66,15 +73,14 @@ class StepProgressBar(RichProgressBar):
 
     def _log_line(self, trainer, pl_module) -> None:
         now = monotonic()
-        started = getattr(self, "_line_started", None)
-        if started is None:  # the first step: the clock starts here (a resumed run counts from its own start)
+        if self._line_started is None:
             self._line_started, self._line_last, self._line_first_step = now, now, trainer.global_step
             return
         if now - self._line_last < progress.LOG_EVERY_S:
             return
         self._line_last = now
         step, this_run = trainer.global_step, trainer.global_step - self._line_first_step
-        line = progress.progress_line("fit", step, self._max_steps(), "steps", now - started, this_run)
+        line = progress.progress_line("fit", step, self._max_steps(), "steps", now - self._line_started, this_run)
         metrics = self.get_metrics(trainer, pl_module)
         shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
         print(f"{line} | {shown}" if shown else line, file=sys.stderr, flush=True)
