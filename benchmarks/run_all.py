@@ -46,11 +46,21 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "memory_guidance": ([], ["--quick"], "memory_guidance", "memory_guidance"),
     "decode": ([], ["--quick"], "decode", "decode_quick"),
     "verify_kernels": ([], ["--quick"], "verify_kernels", "verify_kernels_quick"),
+    "threads": ([], ["--quick"], "threads", "threads_quick"),
     "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
 }
 # fmt: on
 # the others get RESULTS patched instead
-OUT_DIR_OPTION = {"train_step", "training_step", "gemma_step", "scaling", "quickstart", "decode", "verify_kernels"}
+OUT_DIR_OPTION = {
+    "train_step",
+    "training_step",
+    "gemma_step",
+    "scaling",
+    "quickstart",
+    "decode",
+    "verify_kernels",
+    "threads",
+}
 
 
 def discover() -> dict[str, tuple[list[str], list[str], str | None, str | None]]:

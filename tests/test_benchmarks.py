@@ -22,6 +22,7 @@ from benchmarks import (  # noqa: E402
     bench_gemma_step,
     bench_quickstart,
     bench_scaling,
+    bench_threads,
     bench_train_step,
     bench_training_step,
     bench_verify_kernels,
@@ -109,6 +110,19 @@ def test_verify_kernels_quick_times_both_kernels_per_row_count(tmp_path):
     assert [r["rows"] for r in rows] == [1, 2, 3] and rows[0]["default_over_one_row"] == 1.0
     assert all(r["default_ms"] > 0 and r["packed_ms"] > 0 for r in rows)
     assert "| 3 |" in (tmp_path / "verify_kernels_quick.md").read_text()
+
+
+def test_threads_quick_times_generate_and_the_verify_forward_per_thread_count(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    report = bench_threads.run(quick=True, out_dir=tmp_path, log=lambda *_: None)
+    assert torch.get_num_threads() == before  # the caller's thread count comes back
+    for threads in (1, 2):
+        r = report["threads"][threads]
+        assert len(r["samples"]["generate_ms_per_token"]) == 1 and r["generate_ms_per_token"] > 0
+        assert r["verify_block_packed_over_generate"] == r["verify_9_rows_packed_ms"] / r["generate_ms_per_token"]
+    assert "| 2 |" in (tmp_path / "threads_quick.md").read_text()
 
 
 def test_quickstart_results_from_a_run_directory(tmp_path):

@@ -1,0 +1,158 @@
+"""A `generate` step and a verify forward on 1 and on 2 torch threads: why the break-even tau depends on threads.
+
+Run: ``python -m benchmarks.bench_threads [--target DIR] [--repeats N]`` (~3-5 minutes on the SmolLM2-135M target,
+alone on the machine) or ``--quick`` (seconds, the demo target). Writes ``threads.{md,json}`` under
+``benchmarks/results`` (``--quick``: ``threads_quick.*``).
+
+Design choices:
+- `generate` ms per token: ``generate`` of 1 + G new tokens minus ``generate`` of 1, over G (the prompt forward and
+  the call's own overhead cancel), greedy, on a 256-token prompt: what a speculative run is timed against.
+- The verify forward: the decoder over n new tokens on the cached prompt plus the LM head on the first row, default
+  kernels and packed (``decoding.kernels.PackedLinears``), for n = 1 and n = B + 1 = 9 (a whole block of 8 drafts).
+- Thread counts alternate inside every repeat (1, 2, then 2, 1), so a change in the machine's load hits both; the
+  medians over repeats are reported, with each thread count's T(9) / `generate` ratio: the verify's cost in
+  `generate` tokens, which is what a drafted token must beat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_verify_kernels import DEMO, RESULTS, SMOLLM2
+from dspark_lightning.decoding.kernels import PackedLinears
+
+PROMPT_TOKENS = 256
+
+
+@torch.no_grad()
+def generate_ms_per_token(model, prompt: torch.Tensor, new_tokens: int) -> float:
+    def seconds(n: int) -> float:
+        start = time.perf_counter()
+        model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return time.perf_counter() - start
+
+    one = seconds(1)
+    return (seconds(1 + new_tokens) - one) / new_tokens * 1e3
+
+
+@torch.no_grad()
+def verify_ms(model, prompt: torch.Tensor, rows: int, packed: PackedLinears | None, generator) -> float:
+    from transformers import DynamicCache
+
+    body, head = model.model, model.get_output_embeddings()
+    cache = DynamicCache()
+    body(input_ids=prompt, use_cache=True, past_key_values=cache)
+    tokens = torch.randint(3, head.weight.shape[0], (1, rows), generator=generator)
+    positions = torch.arange(prompt.shape[1], prompt.shape[1] + rows)[None]
+    start = time.perf_counter()
+    if packed is not None:
+        with packed:
+            out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
+    else:
+        out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
+    head(out.last_hidden_state[:, :1])
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(model, repeats: int, new_tokens: int, block_rows: int = 9) -> dict[int, dict[str, float]]:
+    """Per thread count: medians of `generate` ms/token and of the verify forward's ms (1 and ``block_rows`` rows,
+    default and packed kernels), thread counts alternated within each repeat (the first repeat warms up)."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, model.get_output_embeddings().weight.shape[0], (1, PROMPT_TOKENS), generator=generator)
+    packed = PackedLinears(model.model, block_rows)
+    samples: dict[int, dict[str, list[float]]] = {1: {}, 2: {}}
+    previous = torch.get_num_threads()
+    try:
+        for repeat in range(repeats + 1):
+            for threads in (1, 2) if repeat % 2 == 0 else (2, 1):
+                torch.set_num_threads(threads)
+                times = {
+                    "generate_ms_per_token": generate_ms_per_token(model, prompt, new_tokens),
+                    "verify_1_row_ms": verify_ms(model, prompt, 1, None, generator),
+                    f"verify_{block_rows}_rows_ms": verify_ms(model, prompt, block_rows, None, generator),
+                    f"verify_{block_rows}_rows_packed_ms": verify_ms(model, prompt, block_rows, packed, generator),
+                }
+                if repeat:
+                    for key, value in times.items():
+                        samples[threads].setdefault(key, []).append(value)
+    finally:
+        torch.set_num_threads(previous)
+    results = {}
+    for threads, by_key in samples.items():
+        medians = {key: statistics.median(values) for key, values in by_key.items()}
+        generate = medians["generate_ms_per_token"]
+        medians["verify_block_over_generate"] = medians[f"verify_{block_rows}_rows_ms"] / generate
+        medians["verify_block_packed_over_generate"] = medians[f"verify_{block_rows}_rows_packed_ms"] / generate
+        results[threads] = medians | {"samples": by_key}
+    return results
+
+
+def write_results(out_dir: Path, stem: str, report: dict) -> None:
+    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    m, by_threads = report["machine"], report["threads"]
+    lines = [
+        "# A `generate` step and a verify forward on 1 and 2 torch threads",
+        "",
+        f"Target `{report['target']}`. Generated by `python -m benchmarks.bench_threads"
+        f"{' --quick' if report['quick'] else ''} --repeats {report['repeats']}` in {report['total_s']:.0f} s. "
+        f"Machine: {m['cpu']}, {m['cores']} cores visible, torch {m['torch']}, load average {m['load_average']} at "
+        f"start. Medians of {report['repeats']} repeats, the thread counts alternated within each; a "
+        f"{PROMPT_TOKENS}-token prompt; `generate` over {report['new_tokens']} new tokens.",
+        "",
+        "| torch threads | `generate` ms/token | verify 1 row ms | verify 9 rows ms | verify 9 rows, packed ms "
+        "| 9 rows / `generate` | packed 9 rows / `generate` |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {t} | {r['generate_ms_per_token']:.1f} | {r['verify_1_row_ms']:.1f} | {r['verify_9_rows_ms']:.1f} "
+            f"| {r['verify_9_rows_packed_ms']:.1f} | {r['verify_block_over_generate']:.2f} "
+            f"| {r['verify_block_packed_over_generate']:.2f} |"
+            for t, r in by_threads.items()
+        ),
+    ]
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def run(quick=False, out_dir=RESULTS, target=None, repeats=None, log=print) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.bench_selector import machine_description
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_description()
+    start = time.perf_counter()
+    target = str(target or (SMOLLM2 if SMOLLM2.is_dir() and not quick else DEMO))
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    repeats = repeats or (1 if quick else 8)
+    new_tokens = 4 if quick else 32
+    by_threads = measure(model, repeats, new_tokens)
+    for threads, r in by_threads.items():
+        log(f"{threads} thread(s): generate {r['generate_ms_per_token']:.1f} ms/token, verify 9 rows packed "
+            f"{r['verify_9_rows_packed_ms']:.1f} ms ({r['verify_block_packed_over_generate']:.2f}x)")  # fmt: skip
+    report = dict(
+        quick=quick, target=target, machine=machine, repeats=repeats, new_tokens=new_tokens, threads=by_threads,
+        total_s=time.perf_counter() - start,
+    )  # fmt: skip
+    stem = "threads_quick" if quick else "threads"
+    write_results(out_dir, stem, report)
+    log(f"wrote {out_dir}/{stem}.{{md,json}}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="demo target, one repeat")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--target", default=None, help="target directory (default: the SmolLM2 import, else demo)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternated repeats (default 8)")
+    args = parser.parse_args(argv)
+    run(args.quick, args.out_dir, args.target, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
