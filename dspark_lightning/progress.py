@@ -59,18 +59,30 @@ def progress_bar(description: str, total: int | None, unit: str = "") -> Iterato
         if console.is_terminal:
             yield lambda n=1: progress.advance(task, n)
             return
-        started = last = monotonic()
+        clock = LineClock()
 
         def advance(n: int = 1) -> None:
-            nonlocal last
             progress.advance(task, n)
-            now = monotonic()
-            if now - last >= LOG_EVERY_S:
-                last = now
-                print(progress_line(description, progress.tasks[0].completed, total, unit, now - started),
+            if (elapsed := clock.due()) is not None:
+                print(progress_line(description, progress.tasks[0].completed, total, unit, elapsed),
                       file=sys.stderr, flush=True)  # fmt: skip
 
         yield advance
+
+
+class LineClock:
+    """When an off-terminal progress line is due: ``due()`` is the seconds since the clock was made when the last
+    line is at least ``LOG_EVERY_S`` old (that call counts as the line written), else None."""
+
+    def __init__(self) -> None:
+        self.started = self.last = monotonic()
+
+    def due(self) -> float | None:
+        now = monotonic()
+        if now - self.last < LOG_EVERY_S:
+            return None
+        self.last = now
+        return now - self.started
 
 
 def progress_line(

@@ -13,7 +13,6 @@ until the run ends, so a line ``fit: 300/1200 steps, 5:02 elapsed, ETA 15:06 | <
 from __future__ import annotations
 
 import sys
-from time import monotonic
 
 from lightning.pytorch.callbacks import RichProgressBar
 
@@ -26,8 +25,7 @@ class StepProgressBar(RichProgressBar):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # the off-terminal line: its clock starts at the first step this process trains (a resumed run's own start)
-        self._line_started: float | None = None
-        self._line_last = 0.0
+        self._line_clock: progress.LineClock | None = None
         self._line_first_step = 0
 
     def _max_steps(self) -> int | None:
@@ -72,15 +70,13 @@ class StepProgressBar(RichProgressBar):
             self._log_line(trainer, pl_module)
 
     def _log_line(self, trainer, pl_module) -> None:
-        now = monotonic()
-        if self._line_started is None:
-            self._line_started, self._line_last, self._line_first_step = now, now, trainer.global_step
+        if self._line_clock is None:
+            self._line_clock, self._line_first_step = progress.LineClock(), trainer.global_step
             return
-        if now - self._line_last < progress.LOG_EVERY_S:
+        if (elapsed := self._line_clock.due()) is None:
             return
-        self._line_last = now
         step, this_run = trainer.global_step, trainer.global_step - self._line_first_step
-        line = progress.progress_line("fit", step, self._max_steps(), "steps", now - self._line_started, this_run)
+        line = progress.progress_line("fit", step, self._max_steps(), "steps", elapsed, this_run)
         metrics = self.get_metrics(trainer, pl_module)
         shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
         print(f"{line} | {shown}" if shown else line, file=sys.stderr, flush=True)

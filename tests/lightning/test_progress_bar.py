@@ -62,7 +62,7 @@ def test_step_progress_bar_counts_max_steps_across_epochs_without_v_num(tmp_path
 
 
 def test_off_a_terminal_fit_writes_a_step_line_with_an_eta(tmp_path, monkeypatch, capsys):
-    from dspark_lightning.lightning import progress_bar
+    from dspark_lightning import progress
 
     now = [0.0]
 
@@ -70,7 +70,7 @@ def test_off_a_terminal_fit_writes_a_step_line_with_an_eta(tmp_path, monkeypatch
         now[0] += 25.0
         return now[0]
 
-    monkeypatch.setattr(progress_bar, "monotonic", clock)
+    monkeypatch.setattr(progress, "monotonic", clock)
     trainer = L.Trainer(
         max_steps=STEPS, callbacks=[StepProgressBar()], logger=False, enable_checkpointing=False,
         enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
