@@ -24,7 +24,7 @@ from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 KEYS = (
     "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
     "speedup_ci", "ci_confidence", "acceptance_per_slot", "outputs_equal", "prompts_without_verify", "mean_verified",
-    "phase_ms_per_step", "noisy", "load_average", "prompt_records",
+    "phase_ms_per_step", "noisy", "load_average", "torch_threads", "prompt_records",
 )  # fmt: skip
 
 
@@ -63,7 +63,9 @@ def table(rows: list[dict]) -> str:
 
 def paired_differences(rows: list[dict], reference: str) -> list[dict]:
     """Each other head's measured tau minus ``reference``'s on the same eval set and schedule, with the paired
-    bootstrap interval (the sets' first N prompts are the same prompts in every run, in the same order)."""
+    bootstrap interval (the sets' first N prompts are the same prompts in every run, in the same order); where both
+    were timed against ``generate``, their speedups' difference too (``delta_speedup``: a speedup is also a ratio of
+    sums over prompts, baseline seconds over speculative seconds)."""
     ref = {(r["eval_set"], schedule(r)): r for r in rows if r.get("head") == reference}
     if not ref:
         raise SystemExit(f"--paired_against {reference!r}: no --decode_json names that head")
@@ -76,24 +78,34 @@ def paired_differences(rows: list[dict], reference: str) -> list[dict]:
                   for x in (r, base)]  # fmt: skip
         n = len(r["prompt_records"])
         low, high = ratio_difference_bootstrap_ci(counts[0][:n], counts[0][n:], counts[1][:n], counts[1][n:])
-        differences.append(
-            dict(head=r["head"], against=reference, eval_set=r["eval_set"], schedule=schedule(r),
-                 delta_tau=r["measured_tau"] - base["measured_tau"], delta_tau_ci=[low, high])
-        )  # fmt: skip
+        difference = dict(head=r["head"], against=reference, eval_set=r["eval_set"], schedule=schedule(r),
+                          delta_tau=r["measured_tau"] - base["measured_tau"], delta_tau_ci=[low, high])  # fmt: skip
+        if all(p.get("baseline_seconds") is not None for x in (r, base) for p in x["prompt_records"]):
+            keys = ("baseline_seconds", "speculative_seconds")
+            seconds = [[p[k] for p in x["prompt_records"]] for x in (r, base) for k in keys]
+            low, high = ratio_difference_bootstrap_ci(*seconds)
+            difference |= dict(delta_speedup=r["speedup"] - base["speedup"], delta_speedup_ci=[low, high])
+        differences.append(difference)
     return differences
 
 
 def difference_table(differences: list[dict]) -> str:
+    timed = any("delta_speedup" in d for d in differences)
     lines = [
-        "| head | minus | eval set | schedule | measured tau difference [paired 95% CI] |",
-        "|---|---|---|---|---|",
+        "| head | minus | eval set | schedule | measured tau difference [paired 95% CI] |"
+        + (" speedup difference [paired 95% CI] |" if timed else ""),
+        "|---|---|---|---|---|" + ("---|" if timed else ""),
     ]
     for d in differences:
         low, high = d["delta_tau_ci"]
-        lines.append(
+        line = (
             f"| {d['head']} | {d['against']} | {d['eval_set']} | {d['schedule']} "
             f"| {d['delta_tau']:+.3f} [{low:+.3f}, {high:+.3f}] |"
         )
+        if timed:
+            low, high = d.get("delta_speedup_ci") or (None, None)
+            line += f" {d['delta_speedup']:+.3f} [{low:+.3f}, {high:+.3f}] |" if low is not None else " - |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -56,3 +56,23 @@ def test_paired_differences_are_taken_on_the_same_set_and_schedule(tmp_path):
     assert cost["delta_tau"] == 0.0 and cost["delta_tau_ci"] == [0.0, 0.0]  # the same runs: no difference at all
     with pytest.raises(SystemExit, match="rnn"):
         report.paired_differences(rows, "rnn")
+
+
+def test_paired_differences_of_timed_runs_carry_the_speedup_difference(tmp_path):
+    one, two = tmp_path / "one_thread.json", tmp_path / "two_threads.json"
+    one.write_text(json.dumps([decode_row("sharegpt_heldout")]))  # 3.2 s against generate's 3.2 s
+    quicker = decode_row("sharegpt_heldout")
+    quicker["prompt_records"][1]["speculative_seconds"] = 0.6  # prompt 2 twice as fast: 3.2 / 2.6
+    quicker["speedup"] = 3.2 / 2.6
+    two.write_text(json.dumps([quicker]))
+    rows = report.read_rows(f"1 thread={one}") + report.read_rows(f"2 threads={two}")
+    (difference,) = report.paired_differences(rows, "1 thread")
+    assert difference["delta_tau"] == 0.0 and difference["delta_speedup"] == pytest.approx(3.2 / 2.6 - 1.0)
+    # resampled prompt pairs: prompt 1 twice -> 1 - 1 = 0, prompt 2 twice -> 1.2 / 0.6 - 1 = 1
+    low, high = difference["delta_speedup_ci"]
+    assert 0.0 <= low <= difference["delta_speedup"] <= high <= 1.0
+    assert "| 2 threads | 1 thread | sharegpt_heldout | whole blocks | +0.000 [+0.000, +0.000] | +0.231 [" in (
+        report.difference_table([difference])
+    )
+    untimed = [dict(r, prompt_records=[dict(p, baseline_seconds=None) for p in r["prompt_records"]]) for r in rows]
+    assert "delta_speedup" not in report.paired_differences(untimed, "1 thread")[0]

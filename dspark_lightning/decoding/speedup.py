@@ -63,6 +63,7 @@ def spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds) -> dic
         baseline_relative_spread=relative,
         noisy=not relative <= NOISE_LIMIT,  # NaN (no time measured) is not to be trusted either
         load_average=load_average(),
+        torch_threads=torch.get_num_threads(),  # the target and the baseline ran on as many threads
     )
 
 
@@ -101,7 +102,7 @@ def measure_speedup(
     prompt with no verify step has none) and ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it
     before writing JSON).
     The spread (``spread``): ``prompt_speedup_iqr``, ``baseline_tokens_per_second_iqr``
-    and its median, ``noisy`` and the ``load_average``; a noisy measurement is also a warning naming the load.
+    and its median, ``noisy``, the ``load_average`` and ``torch_threads``; a noisy measurement is also a warning naming the load.
     """
     model = causal_lm(target)
     device = device if device is not None else next(model.parameters()).device

@@ -34,6 +34,7 @@ NOISE_KEYS = (
     "baseline_relative_spread",
     "noisy",
     "load_average",
+    "torch_threads",
 )
 
 
