@@ -13,6 +13,9 @@
 #                                                 # (shipped: assets/smollm2/regenerated-code/; this remakes them)
 #   bash reports/smollm2_study/run.sh code        # `combined` (gated, 1,200 steps) with those replies added, timed
 #   bash reports/smollm2_study/run.sh code-baseline  # `combined` itself, timed (beside `code`: one core each)
+#   bash reports/smollm2_study/run.sh time NAME STEP [MODE]  # checkpoint NAME/step=STEP timed against generate
+# THREADS=2 (default 1) runs a stage on 2 torch threads, for a stage alone on the machine: THREADS=2 ... long trains
+# and times on both cores, THREADS=2 ... time NAME STEP times there (NAME/step=STEP.wall_clock_2threads.json).
 # Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was; a fit
 # stopped part-way resumes from its last checkpoint (every 300 steps).
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
@@ -21,7 +24,8 @@ set -euo pipefail
 B=${DSPARK:-dspark-lightning}
 T=targets/smollm2-135m-instruct
 OUT=${STUDY_OUT:-study/smollm2}                 # checkpoints and decode JSON (untracked; results are copied out)
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+THREADS=${THREADS:-1}
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 C951=cache/smollm2_951/train; C1284=cache/smollm2_952_1284/train; C3000=cache/smollm2_1285_3000/train
 CCODE=cache/smollm2_code/train
 
@@ -62,11 +66,15 @@ decode_sets() {
 measure() { decode_sets "$1" "$2" decode markov 16 --baseline false; }
 
 # time_vs_generate NAME STEP [MODE]: measured tau and the wall clock against generate (alternating, outputs compared)
-# on 12 prompts per set, whole blocks and the cost-model schedule.
-time_vs_generate() { decode_sets "$1" "$2" wall_clock "${3:-markov}" 12 --cost_model true; }
+# on 12 prompts per set, whole blocks and the cost-model schedule; on THREADS threads (both the drafter's loop and
+# generate): NAME/step=STEP.wall_clock.json on 1, .wall_clock_2threads.json on 2 (then nothing else may run).
+time_vs_generate() {
+  local kind=wall_clock; [ "$THREADS" = 1 ] || kind=wall_clock_${THREADS}threads
+  decode_sets "$1" "$2" "$kind" "${3:-markov}" 12 --cost_model true
+}
 
 mkdir -p "$OUT"
-case "${1:?stage: caches | study | data | combined | pays | long | code-data | code | code-baseline}" in
+case "${1:?stage: caches | study | data | combined | pays | long | code-data | code | code-baseline | time}" in
   caches)
     cache assets/smollm2/regenerated-more/train-00000.jsonl $C1284
     cache assets/smollm2/regenerated-more/train-00001.jsonl $C3000 ;;
@@ -103,5 +111,7 @@ case "${1:?stage: caches | study | data | combined | pays | long | code-data | c
   code-baseline)
     fit combined1200 1200 --data.train_cache "[$C951,$C1284,$C3000]" --model.drafter.max_anchors 128
     time_vs_generate combined1200 1200 ;;
+  time)
+    time_vs_generate "${2:?time NAME STEP [MODE]}" "${3:?time NAME STEP [MODE]}" "${4:-markov}" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
