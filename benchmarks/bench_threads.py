@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_verify_kernels import DEMO, RESULTS, SMOLLM2
+from benchmarks.bench_verify_kernels import DEMO, RESULTS, ROOT, SMOLLM2
 from dspark_lightning.decoding.kernels import PackedLinears
 
 PROMPT_TOKENS = 256
@@ -126,8 +126,9 @@ def run(quick=False, out_dir=RESULTS, target=None, repeats=None, log=print) -> d
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_description()
     start = time.perf_counter()
-    target = str(target or (SMOLLM2 if SMOLLM2.is_dir() and not quick else DEMO))
+    target = Path(target or (SMOLLM2 if SMOLLM2.is_dir() and not quick else DEMO))
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    target = str(target.resolve().relative_to(ROOT) if target.resolve().is_relative_to(ROOT) else target)
     repeats = repeats or (1 if quick else 8)
     new_tokens = 4 if quick else 32
     by_threads = measure(model, repeats, new_tokens)
