@@ -101,8 +101,8 @@ def measure_speedup(
     ``prompt_records`` (each prompt's ``PromptDecodeRecord`` as a dict, the input of ``summarize_eval_set``; a
     prompt with no verify step has none) and ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it
     before writing JSON).
-    The spread (``spread``): ``prompt_speedup_iqr``, ``baseline_tokens_per_second_iqr``
-    and its median, ``noisy``, the ``load_average`` and ``torch_threads``; a noisy measurement is also a warning naming the load.
+    The spread (``spread``): ``prompt_speedup_iqr``, ``baseline_tokens_per_second_iqr`` and its median, ``noisy``,
+    the ``load_average`` and ``torch_threads``; a noisy measurement is also a warning naming the load.
     """
     model = causal_lm(target)
     device = device if device is not None else next(model.parameters()).device
