@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_verify_kernels import DEMO, RESULTS, ROOT, SMOLLM2
+from benchmarks.bench_verify_kernels import DEMO, RESULTS, ROOT, SMOLLM2, verify_forward_ms
 from dspark_lightning.decoding.kernels import PackedLinears
 
 PROMPT_TOKENS = 256
@@ -41,30 +41,12 @@ def generate_ms_per_token(model, prompt: torch.Tensor, new_tokens: int) -> float
     return (seconds(1 + new_tokens) - one) / new_tokens * 1e3
 
 
-@torch.no_grad()
-def verify_ms(model, prompt: torch.Tensor, rows: int, packed: PackedLinears | None, generator) -> float:
-    from transformers import DynamicCache
-
-    body, head = model.model, model.get_output_embeddings()
-    cache = DynamicCache()
-    body(input_ids=prompt, use_cache=True, past_key_values=cache)
-    tokens = torch.randint(3, head.weight.shape[0], (1, rows), generator=generator)
-    positions = torch.arange(prompt.shape[1], prompt.shape[1] + rows)[None]
-    start = time.perf_counter()
-    if packed is not None:
-        with packed:
-            out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
-    else:
-        out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
-    head(out.last_hidden_state[:, :1])
-    return (time.perf_counter() - start) * 1e3
-
-
 def measure(model, repeats: int, new_tokens: int, block_rows: int = 9) -> dict[int, dict[str, float]]:
     """Per thread count: medians of `generate` ms/token and of the verify forward's ms (1 and ``block_rows`` rows,
     default and packed kernels), thread counts alternated within each repeat (the first repeat warms up)."""
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, model.get_output_embeddings().weight.shape[0], (1, PROMPT_TOKENS), generator=generator)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = torch.randint(3, vocab, (1, PROMPT_TOKENS), generator=generator)
     packed = PackedLinears(model.model, block_rows)
     samples: dict[int, dict[str, list[float]]] = {1: {}, 2: {}}
     previous = torch.get_num_threads()
@@ -72,11 +54,12 @@ def measure(model, repeats: int, new_tokens: int, block_rows: int = 9) -> dict[i
         for repeat in range(repeats + 1):
             for threads in (1, 2) if repeat % 2 == 0 else (2, 1):
                 torch.set_num_threads(threads)
+                one, block = (torch.randint(3, vocab, (1, n), generator=generator) for n in (1, block_rows))
                 times = {
                     "generate_ms_per_token": generate_ms_per_token(model, prompt, new_tokens),
-                    "verify_1_row_ms": verify_ms(model, prompt, 1, None, generator),
-                    f"verify_{block_rows}_rows_ms": verify_ms(model, prompt, block_rows, None, generator),
-                    f"verify_{block_rows}_rows_packed_ms": verify_ms(model, prompt, block_rows, packed, generator),
+                    "verify_1_row_ms": verify_forward_ms(model, prompt, one),
+                    f"verify_{block_rows}_rows_ms": verify_forward_ms(model, prompt, block),
+                    f"verify_{block_rows}_rows_packed_ms": verify_forward_ms(model, prompt, block, packed),
                 }
                 if repeat:
                     for key, value in times.items():

@@ -34,10 +34,28 @@ DEMO = ROOT / "assets" / "demo-target"
 
 
 @torch.no_grad()
-def forward_costs(model, max_rows: int, repeats: int, prefix: int = 192) -> list[dict]:
-    """ms of the decoder over n rows (cached prefix) + the first head row, default vs packed, alternated."""
+def verify_forward_ms(model, prompt: torch.Tensor, tokens: torch.Tensor, packed: PackedLinears | None = None) -> float:
+    """ms of one verify forward: the decoder over ``tokens`` [1, n] after the cached ``prompt`` [1, P] (prefilled
+    here, untimed), plus the LM head on the first row; on ``packed`` kernels when given."""
     from transformers import DynamicCache
 
+    body, head = model.model, model.get_output_embeddings()
+    cache = DynamicCache()
+    body(input_ids=prompt, use_cache=True, past_key_values=cache)
+    positions = torch.arange(prompt.shape[1], prompt.shape[1] + tokens.shape[1])[None]
+    start = time.perf_counter()
+    if packed is not None:
+        with packed:
+            out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
+    else:
+        out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
+    head(out.last_hidden_state[:, :1])
+    return (time.perf_counter() - start) * 1e3
+
+
+@torch.no_grad()
+def forward_costs(model, max_rows: int, repeats: int, prefix: int = 192) -> list[dict]:
+    """ms of the decoder over n rows (cached prefix) + the first head row, default vs packed, alternated."""
     body, head = model.model, model.get_output_embeddings()
     vocab = head.weight.shape[0]
     g = torch.Generator().manual_seed(0)
@@ -46,21 +64,12 @@ def forward_costs(model, max_rows: int, repeats: int, prefix: int = 192) -> list
     rows = []
     for n in range(1, max_rows + 1):
         tokens = torch.randint(3, vocab, (1, n), generator=g)
-        positions = torch.arange(prefix, prefix + n)[None]
         times: dict[str, list[float]] = {"default": [], "packed": []}
         for repeat in range(repeats + 1):  # the first round warms both up
             for name in ("default", "packed"):
-                cache = DynamicCache()
-                body(input_ids=prompt, use_cache=True, past_key_values=cache)
-                start = time.perf_counter()
-                if name == "packed":
-                    with packed:
-                        out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
-                else:
-                    out = body(input_ids=tokens, position_ids=positions, use_cache=True, past_key_values=cache)
-                head(out.last_hidden_state[:, :1])
+                ms = verify_forward_ms(model, prompt, tokens, packed if name == "packed" else None)
                 if repeat:
-                    times[name].append((time.perf_counter() - start) * 1e3)
+                    times[name].append(ms)
         rows.append({"rows": n, **{f"{k}_ms": statistics.median(v) for k, v in times.items()}})
     one = rows[0]["default_ms"]
     for row in rows:
