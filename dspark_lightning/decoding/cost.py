@@ -26,7 +26,8 @@ def measure_verify_cost(
     """Fit T(n) = t0 + t1 * n, the wall time of one verifying target forward over n+1 new tokens on a cached prefix.
 
     Timed as ``speculative_generate`` runs it: the decoder over the n+1 tokens and the LM head on the first row only
-    (each accepted draft adds one head row: a cost per accepted token, not per verified slot). Times the real target
+    (each accepted draft adds one head row: a cost per accepted token, not per verified slot), or on packed kernels
+    the head over all n+1 rows (``packed_verify``: one packed head call). Times the real target
     (median of ``repeats`` per n, after a warm-up) for n = 1..max_block and fits t0, t1 by least squares; the
     result is the ``cost_model`` argument of ``speculative_generate``; ``packed_verify`` times the forward on the
     packed kernels that ``speculative_generate(packed_verify=True)`` verifies with.
@@ -40,6 +41,9 @@ def measure_verify_cost(
     verify = body if body is not None and head is not None else model
     cache_kwarg = "cache" if "cache" in inspect.signature(verify.forward).parameters else "past_key_values"
     kernels = PackedLinears(verify, max_block + 1) if packed_verify else contextlib.nullcontext()
+    head_rows, head_kernels = 1, contextlib.nullcontext()
+    if packed_verify and verify is body and isinstance(head, torch.nn.Linear):
+        head_rows, head_kernels = None, PackedLinears(head, max_block + 1)  # as TargetForwards verifies
     lengths, seconds = [], []
     for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
         block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
@@ -55,7 +59,8 @@ def measure_verify_cost(
             with kernels:
                 out = verify(input_ids=block, use_cache=True, **{cache_kwarg: cache})
             if verify is body:
-                head(out.last_hidden_state[:, :1])
+                with head_kernels:
+                    head(out.last_hidden_state[:, :head_rows])
             if torch.cuda.is_available() and torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)

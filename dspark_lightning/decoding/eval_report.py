@@ -28,7 +28,8 @@ class PromptDecodeRecord:
     ``accepted_per_slot[k]``: in how many of this prompt's verification steps drafted slot ``k`` was accepted.
     ``baseline_seconds`` / ``speculative_seconds``: wall time of the target's own greedy generate and of speculative
     decoding on this prompt (both or neither). ``outputs_equal``: whether the two outputs were equal token for
-    token (None: not compared).
+    token (None: not compared). ``packed_generate_seconds``: the target's greedy generate on the packed kernels the
+    speculative run verified with (``measure_speedup(packed_verify=True)``), else None.
     """
 
     emitted_tokens: int
@@ -37,6 +38,7 @@ class PromptDecodeRecord:
     baseline_seconds: float | None = None
     speculative_seconds: float | None = None
     outputs_equal: bool | None = None
+    packed_generate_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.target_forwards < 1 or self.emitted_tokens < 0:
@@ -48,6 +50,8 @@ class PromptDecodeRecord:
             raise ValueError(f"accepted_per_slot counts must lie in [0, target_forwards]: {self.accepted_per_slot}")
         if (self.baseline_seconds is None) != (self.speculative_seconds is None):
             raise ValueError("give both baseline_seconds and speculative_seconds, or neither")
+        if self.packed_generate_seconds is not None and self.speculative_seconds is None:
+            raise ValueError("packed_generate_seconds needs the speculative_seconds it is compared with")
 
     @property
     def has_timing(self) -> bool:
@@ -61,6 +65,7 @@ class PromptDecodeRecord:
         baseline_seconds: float | None = None,
         speculative_seconds: float | None = None,
         outputs_equal: bool | None = None,
+        packed_generate_seconds: float | None = None,
     ) -> PromptDecodeRecord:
         """The record of one prompt's ``speculative_generate`` run (its ``DecodeStats``, not a merged one)."""
         longest = max(stats.accepted_per_step, default=0)
@@ -71,6 +76,7 @@ class PromptDecodeRecord:
             baseline_seconds=baseline_seconds,
             speculative_seconds=speculative_seconds,
             outputs_equal=outputs_equal,
+            packed_generate_seconds=packed_generate_seconds,
         )
 
 
@@ -105,7 +111,8 @@ def summarize_eval_set(
     Keys: ``eval_set``, ``num_prompts``, ``measured_tau`` (total emitted / total target forwards) and
     ``measured_tau_ci`` ([low, high], paired percentile bootstrap over prompts), ``acceptance_per_slot``,
     ``speedup`` (total baseline / total speculative seconds) and ``speedup_ci`` (None when no prompt was timed),
-    ``outputs_equal`` (every compared prompt equal; None when none was compared) and ``ci_confidence``. Plain
+    ``speedup_vs_packed_generate`` and its ``_ci`` (the same against generate on packed kernels; present only when
+    every prompt timed it), ``outputs_equal`` (every compared prompt equal; None when none was compared) and ``ci_confidence``. Plain
     floats, lists and None only, never NaN: ready for ``json.dumps``.
     """
     records = [_as_record(record) for record in per_prompt_records]
@@ -123,6 +130,17 @@ def summarize_eval_set(
         speculative = [record.speculative_seconds for record in records]
         speedup = _json_float(ratio_of_sums(baseline, speculative))
         speedup_ci = [_json_float(bound) for bound in ratio_bootstrap_ci(baseline, speculative, **settings)]
+    packed = {}
+    if records[0].packed_generate_seconds is not None:
+        if any(record.packed_generate_seconds is None for record in records):
+            raise ValueError(f"eval set {name!r}: some prompts have packed_generate_seconds and some do not")
+        packed_seconds = [record.packed_generate_seconds for record in records]
+        packed = dict(
+            speedup_vs_packed_generate=_json_float(ratio_of_sums(packed_seconds, speculative)),
+            speedup_vs_packed_generate_ci=[
+                _json_float(bound) for bound in ratio_bootstrap_ci(packed_seconds, speculative, **settings)
+            ],
+        )
     compared = [record.outputs_equal for record in records if record.outputs_equal is not None]
     return dict(
         eval_set=name,
@@ -132,6 +150,7 @@ def summarize_eval_set(
         acceptance_per_slot=[_json_float(rate) for rate in acceptance_per_slot(records)],
         speedup=speedup,
         speedup_ci=speedup_ci,
+        **packed,
         outputs_equal=all(compared) if compared else None,
         ci_confidence=confidence,
     )

@@ -32,8 +32,8 @@ class TargetForwards:
     """The target's forwards of one decode, over its KV cache (``crop`` drops rejected tokens from it).
 
     ``target`` is a ``FrozenTarget`` or a Hugging Face causal LM (then ``drafter.config.target_layer_ids`` says which
-    layers feed the drafter). ``packed_verify`` runs the verify forwards' decoder linears on oneDNN-packed weights
-    (``decoding.kernels``); the prompt forward keeps the default kernels, tuned for long inputs.
+    layers feed the drafter). ``packed_verify`` runs the verify forwards' decoder linears and LM head on oneDNN-packed
+    weights (``decoding.kernels``); the prompt forward keeps the default kernels, tuned for long inputs.
     """
 
     def __init__(self, target, drafter: DSparkDrafter, packed_verify: bool = False) -> None:
@@ -52,6 +52,13 @@ class TargetForwards:
             PackedLinears(self.body if self.body is not None else model, drafter.block_size + 1)
             if packed_verify
             else contextlib.nullcontext()
+        )
+        # the packed head computes all n+1 rows of a verify forward in about the time of one default row (a 9-row
+        # packed head ~1.5x a 1-row one; the default kernel ~2-3x: benchmarks/results/verify_kernels.md)
+        self.head_kernels = (
+            PackedLinears(self.head, drafter.block_size + 1)
+            if packed_verify and isinstance(self.head, torch.nn.Linear)
+            else None
         )
         # set by the prefill: True when logits == head(final hidden state), checked on the real output; a model that
         # post-processes its logits (soft-capping, a logit scale) keeps the full-logits verify path
@@ -83,9 +90,9 @@ class TargetForwards:
     def verify(self, tokens: torch.Tensor, start: int):
         """The verify forward over [x, d_1..d_n] at positions ``start``..: (logits rows, features [1, n+1, F]).
 
-        With the model's own head the rows are computed on demand (``_RowLogits``): verification reads rows in order
-        and stops at the first rejection, and on a CPU one vocabulary-sized head row costs as much as several
-        decoder layers.
+        With the model's own head on the default kernels the rows are computed on demand (``_RowLogits``):
+        verification reads rows in order and stops at the first rejection, and on a CPU one vocabulary-sized head row
+        costs as much as several decoder layers. On packed kernels the head runs once over every row instead.
         """
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)[None]
         kwargs = dict(input_ids=tokens, position_ids=positions, use_cache=True, output_hidden_states=True)
@@ -94,7 +101,10 @@ class TargetForwards:
                 out = self.body(**kwargs, **{self.body_cache_keyword: self.cache})
             else:
                 out = self.model(**kwargs, **{self.cache_keyword: self.cache})
-        if self.own_head:
+        if self.own_head and self.head_kernels is not None:
+            with self.head_kernels:
+                logits = self.head(out.last_hidden_state[0]).float()
+        elif self.own_head:
             logits = _RowLogits(self.head, out.last_hidden_state[0])  # head rows on the default kernels, on demand
         else:
             logits = out.logits[0].float()

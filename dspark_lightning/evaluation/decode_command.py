@@ -78,7 +78,8 @@ def decode_command(
         baseline: greedy only: time the target's own generate alternately with each run, report speedup, check
             outputs
         packed_verify: run the verify forwards on oneDNN-packed weights (float32 CPU targets; faster at a few
-            rows, one more copy of the decoder weights; the baseline keeps the default kernels)
+            rows, one more copy of the target's weights); the baseline is timed on both the default and the packed
+            kernels (speedup and speedup_vs_packed_generate)
         num_prompts: eval prompts from the validation data (without eval_sets)
         max_new_tokens: tokens generated per prompt (default 64 on the validation prompts, 128 on eval sets)
         val_files: override the checkpoint's validation files
@@ -133,7 +134,8 @@ def decode_command(
         if json:
             Path(json).write_text(dumps_json(rows, indent=2))
         return rows
-    _, plan = decode_plan(len(prompts), len(runnable), len(schedules), max_new_tokens, baseline and temperature == 0)
+    timed = baseline and temperature == 0
+    _, plan = decode_plan(len(prompts), len(runnable), len(schedules), max_new_tokens, timed, packed_verify)
     print(f"decode: {plan}", flush=True)
     rows = decode_table(
         module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,

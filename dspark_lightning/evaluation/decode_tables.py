@@ -17,12 +17,17 @@ from dspark_lightning.decoding.eval_report import PromptDecodeRecord
 from dspark_lightning.progress import progress_bar
 
 
-def decode_plan(num_prompts: int, num_modes: int, num_schedules: int, max_new_tokens: int, baseline: bool):
-    """(timed runs, the line that announces them): what ``decode`` and each eval set print before they start."""
-    runs = num_prompts * num_modes * num_schedules * (2 if baseline else 1)
+def decode_plan(
+    num_prompts: int, num_modes: int, num_schedules: int, max_new_tokens: int, baseline: bool, packed: bool = False
+):
+    """(timed runs, the line that announces them): what ``decode`` and each eval set print before they start.
+    ``packed``: the speculative runs verify on packed kernels, so a timed prompt also runs ``generate`` on them."""
+    per_prompt = (3 if packed else 2) if baseline else 1
+    runs = num_prompts * num_modes * num_schedules * per_prompt
     text = (
         f"{num_modes} modes x {num_schedules} schedules x {num_prompts} prompts x {max_new_tokens} new tokens, "
-        f"baseline {'on' if baseline else 'off'}: {runs} timed runs"
+        f"baseline {'on' + (' (default and packed kernels)' if packed else '') if baseline else 'off'}: "
+        f"{runs} timed runs"
     )
     return runs, text
 
@@ -60,8 +65,9 @@ def decode_table(
     ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
     """
     timed = baseline and temperature == 0
-    total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed)
+    total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed, packed_verify)
     bar = progress_bar(progress, total, "runs") if progress else nullcontext(lambda n=1: None)
+    runs_per_prompt = 3 if packed_verify else 2  # generate (and generate on packed kernels), then speculative
     rows = []
     with bar as advance:
         for mode in modes:
@@ -72,7 +78,8 @@ def decode_table(
                     packed_verify=packed_verify,
                 )
                 if timed:
-                    row = _timed_row(module, prompts, mode, max_new_tokens, k, schedule, lambda: advance(2))
+                    on_prompt = lambda: advance(runs_per_prompt)  # noqa: E731
+                    row = _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt)
                 else:
                     row = _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance)
                 rows.append(dict(mode=mode, threshold=threshold, **row))
@@ -84,9 +91,10 @@ def _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt) ->
         module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, on_prompt=on_prompt, **schedule
     )
     measured = ("speedup", "median_prompt_speedup", "baseline_tokens_per_second", "outputs_equal", "mismatches")
+    packed = ("speedup_vs_packed_generate", "packed_generate_seconds", "packed_generate_mismatches")
     row = _stats_row(result["stats"], len(prompts), result["prompt_records"])
     row["tokens_per_second"] = result["speculative_tokens_per_second"]
-    return row | {key: result[key] for key in (*measured, *NOISE_KEYS)}
+    return row | {key: result[key] for key in (*measured, *NOISE_KEYS, *packed) if key in result}
 
 
 def _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance) -> dict:
@@ -185,7 +193,9 @@ def print_decode_table(rows, title: str) -> None:
     table = compact_table(title)
     with_baseline = any("speedup" in row for row in rows)
     columns = ["mode", "sched.", "tau", "tok/s"]
+    with_packed = any("speedup_vs_packed_generate" in row for row in rows)
     columns += ["gen. tok/s", "speedup", "= gen."] if with_baseline else []
+    columns += ["vs packed gen."] if with_packed else []
     columns += ["verified"]
     for column in columns:
         table.add_column(column, justify="left" if column == "mode" else "right")
@@ -204,6 +214,10 @@ def print_decode_table(rows, title: str) -> None:
             mark = "?" if row.get("noisy") else ""
             cells += [f"{row['baseline_tokens_per_second']:.1f}", f"{row['speedup']:.2f}x{mark}"]
             cells.append("yes" if equal else "[bold red]NO[/]")
+            if with_packed:
+                cells.append(
+                    f"{row['speedup_vs_packed_generate']:.2f}x" if "speedup_vs_packed_generate" in row else "-"
+                )
             mismatched += [] if equal else [row]
             noisy += [row] if row.get("noisy") else []
         table.add_row(*cells, f"{row['mean_verified']:.2f}")

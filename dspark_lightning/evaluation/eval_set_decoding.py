@@ -35,7 +35,7 @@ def measure_eval_sets(
     for name in names:
         prompts = datamodule_prompt_ids(data, name, limit, heldout_files, heldout_split)
         timed = baseline and temperature == 0
-        _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed)
+        _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed, packed_verify)
         print(f"eval set {name}: {plan}", flush=True)
         for row in decode_table(
             module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
@@ -59,10 +59,15 @@ def print_eval_set_table(rows: list[dict]) -> None:
 
     confidence = rows[0]["ci_confidence"] if rows else 0.95
     table = Table(title=f"measured decoding per eval set ({confidence:.0%} bootstrap intervals over prompts)")
-    for column in ("eval set", "mode", "sched.", "n", "tau [CI]", "speedup [CI]", "= gen."):
+    packed = any("speedup_vs_packed_generate" in row for row in rows)
+    columns = ("eval set", "mode", "sched.", "n", "tau [CI]", "speedup [CI]", "= gen.")
+    for column in columns + (("vs packed gen. [CI]",) if packed else ()):
         table.add_column(column, justify="left" if column in ("eval set", "mode") else "right")
     for row in rows:
         equal = row["outputs_equal"]
+        packed_cell = (
+            _interval(row.get("speedup_vs_packed_generate"), row.get("speedup_vs_packed_generate_ci"), 2, "x"),
+        )
         table.add_row(
             row["eval_set"],
             row["mode"],
@@ -71,5 +76,6 @@ def print_eval_set_table(rows: list[dict]) -> None:
             _interval(row["measured_tau"], row["measured_tau_ci"], 2),
             _interval(row["speedup"], row["speedup_ci"], 2, "x"),
             "-" if equal is None else ("yes" if equal else "[bold red]NO[/]"),
+            *(packed_cell if packed else ()),
         )
     Console(width=max(80, Console().width)).print(table)

@@ -16,7 +16,8 @@
 #   bash reports/smollm2_study/run.sh time NAME STEP [MODE]  # checkpoint NAME/step=STEP timed against generate
 # THREADS=2 (default 1) runs a stage on 2 torch threads, for a stage alone on the machine: THREADS=2 ... long trains
 # and times on both cores, THREADS=2 ... time NAME STEP times there (NAME/step=STEP.wall_clock_2threads.json).
-# SETS=sharegpt_heldout (default sharegpt_heldout,humaneval) measures on those evaluation sets only.
+# SETS=sharegpt_heldout (default sharegpt_heldout,humaneval) measures on those evaluation sets only; PROMPTS=24
+# (default 12) times that many prompts per set.
 # Every stage skips what already exists (a checkpoint, a decode JSON), so a stopped stage resumes where it was; a fit
 # stopped part-way resumes from its last checkpoint (every 300 steps).
 # Needs what README "SmolLM2 + ShareGPT V3" makes: targets/smollm2-135m-instruct, cache/smollm2_951/train and
@@ -67,11 +68,11 @@ decode_sets() {
 measure() { decode_sets "$1" "$2" decode markov 16 --baseline false; }
 
 # time_vs_generate NAME STEP [MODE]: measured tau and the wall clock against generate (alternating, outputs compared)
-# on 12 prompts per set, whole blocks and the cost-model schedule; on THREADS threads (both the drafter's loop and
+# on PROMPTS (12) prompts per set, whole blocks and the cost-model schedule; on THREADS threads (both the drafter's loop and
 # generate): NAME/step=STEP.wall_clock.json on 1, .wall_clock_2threads.json on 2 (then nothing else may run).
 time_vs_generate() {
   local kind=wall_clock; [ "$THREADS" = 1 ] || kind=wall_clock_${THREADS}threads
-  decode_sets "$1" "$2" "$kind" "${3:-markov}" 12 --cost_model true
+  decode_sets "$1" "$2" "$kind" "${3:-markov}" "${PROMPTS:-12}" --cost_model true
 }
 
 mkdir -p "$OUT"

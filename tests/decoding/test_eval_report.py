@@ -95,3 +95,22 @@ def test_one_prompt_gives_point_intervals():
 def test_bad_records_are_clear_errors(records, message):
     with pytest.raises(ValueError, match=message):
         summarize_eval_set("bad", records)
+
+
+def test_the_packed_generate_baseline_pools_its_own_seconds():
+    records = [
+        PromptDecodeRecord(10, 4, [4], baseline_seconds=3.0, speculative_seconds=1.0, packed_generate_seconds=2.0),
+        PromptDecodeRecord(8, 4, [2], baseline_seconds=1.0, speculative_seconds=2.0, packed_generate_seconds=1.0),
+    ]
+    summary = summarize_eval_set("packed", records)
+    assert summary["speedup"] == pytest.approx(4.0 / 3.0)
+    assert summary["speedup_vs_packed_generate"] == pytest.approx(3.0 / 3.0)  # (2 + 1) / (1 + 2)
+    low, high = summary["speedup_vs_packed_generate_ci"]
+    assert {low, high} <= {2.0, 1.0, 0.5} and low <= 1.0 <= high  # resamples: both of prompt 0, both of 1, or one each
+    assert "speedup_vs_packed_generate" not in summarize_eval_set(
+        "default", [PromptDecodeRecord(3, 1, baseline_seconds=1.0, speculative_seconds=1.0)]
+    )
+    with pytest.raises(ValueError, match="some prompts have packed_generate_seconds and some do not"):
+        summarize_eval_set("mixed", [*records, PromptDecodeRecord(3, 1, baseline_seconds=1.0, speculative_seconds=1.0)])
+    with pytest.raises(ValueError, match="packed_generate_seconds needs the speculative_seconds"):
+        PromptDecodeRecord(3, 1, packed_generate_seconds=1.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers.targets import greedy_reference, make_tiny_qwen3
@@ -9,6 +11,7 @@ from torch import nn
 
 from dspark_lightning.decoding import measure_verify_cost, speculative_generate
 from dspark_lightning.decoding.kernels import PackedLinears, packed_kernels_available
+from dspark_lightning.decoding.target_forwards import TargetForwards
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 pytestmark = pytest.mark.skipif(not packed_kernels_available(), reason="this torch build has no oneDNN packed linear")
@@ -98,6 +101,22 @@ def test_greedy_decoding_on_packed_verify_kernels_equals_generate(mode):
         assert torch.equal(packed, reference) and torch.equal(default, reference), (mode, trial)
         assert stats.target_forwards >= 1 and stats.new_tokens == 11
     assert not any("forward" in m.__dict__ for m in model.modules())  # the baseline model is left as it was
+
+
+def test_the_packed_verify_forward_gives_every_head_row_against_a_float64_reference():
+    model = make_tiny_qwen3(vocab_size=48, hidden_size=32, num_layers=4, seed=5)
+    target = FrozenTarget(model, target_layer_ids=[1, 3])
+    drafter = DSparkDrafter.for_target(DrafterConfig(block_size=4, mask_token_id=47), target).eval()
+    tokens = torch.randint(0, 47, (1, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = copy.deepcopy(model).double()(input_ids=tokens).logits[0, 6:]  # the 5 verified rows
+        forwards = TargetForwards(target, drafter, packed_verify=True)
+        forwards.prefill(tokens[:, :6])
+        logits, features = forwards.verify(tokens[:, 6:], 6)
+    assert forwards.own_head and isinstance(logits, torch.Tensor)  # one packed head call over all rows
+    assert logits.shape == (5, 48) and features.shape[1] == 5
+    torch.testing.assert_close(logits.double(), reference, atol=1e-4, rtol=1e-4)
+    assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_the_verify_cost_model_times_the_packed_forward():

@@ -14,6 +14,7 @@ import pytest
 from helpers.targets import bigram_setup
 
 from dspark_lightning.decoding import measure_speedup
+from dspark_lightning.decoding.kernels import packed_kernels_available
 
 NEW_TOKENS = 6
 
@@ -62,3 +63,26 @@ def test_a_steady_baseline_is_trusted_whatever_the_speculative_runs_do():
         result = measure([1.0, 1.05, 0.95, 1.0], [0.5, 2.0, 0.25, 1.0])
     assert result["noisy"] is False and result["baseline_relative_spread"] <= 0.25
     assert result["prompt_speedup_iqr"] == pytest.approx(np.subtract(*np.percentile([2.0, 0.525, 3.8, 1.0], [75, 25])))
+
+
+@pytest.mark.skipif(not packed_kernels_available(), reason="this torch build has no oneDNN packed linear")
+def test_packed_verify_also_times_generate_on_the_packed_kernels():
+    _, target, drafter, _ = bigram_setup(noise=0.7)
+    prompts = [[3, 1, 4], [2, 7, 1, 8], [5, 9]]
+    baseline, packed, speculative = [2.0, 1.0, 1.5], [1.5, 1.0, 1.0], [1.0, 1.0, 0.5]
+    durations = [t for runs in zip(baseline, packed, speculative) for t in runs]  # the order measure_speedup times
+    calls = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the scripted baseline spread is wide: that warning is another test's
+        result = measure_speedup(
+            target, drafter, prompts, NEW_TOKENS, mode="markov", eos_token_id=[], warmup=False, packed_verify=True,
+            clock=scripted_clock(durations), on_prompt=lambda: calls.append(1),
+        )  # fmt: skip
+    assert len(calls) == len(prompts)
+    assert result["speedup"] == pytest.approx(4.5 / 2.5)
+    assert result["packed_generate_seconds"] == pytest.approx(3.5)
+    assert result["speedup_vs_packed_generate"] == pytest.approx(3.5 / 2.5)
+    assert result["packed_generate_mismatches"] == [] and result["outputs_equal"] is True
+    assert [r["packed_generate_seconds"] for r in result["prompt_records"]] == packed
+    model = target.model if hasattr(target, "model") else target
+    assert not any("forward" in m.__dict__ for m in model.modules())  # generate's own kernels are restored
