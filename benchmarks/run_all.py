@@ -47,6 +47,7 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "decode": ([], ["--quick"], "decode", "decode_quick"),
     "verify_kernels": ([], ["--quick"], "verify_kernels", "verify_kernels_quick"),
     "threads": ([], ["--quick"], "threads", "threads_quick"),
+    "lm_head": (["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
     "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
 }
 # fmt: on
@@ -60,6 +61,7 @@ OUT_DIR_OPTION = {
     "decode",
     "verify_kernels",
     "threads",
+    "lm_head",
 }
 
 

@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, n
 from benchmarks import (  # noqa: E402
     bench_decode,
     bench_gemma_step,
+    bench_lm_head,
     bench_quickstart,
     bench_scaling,
     bench_threads,
@@ -123,6 +124,19 @@ def test_threads_quick_times_generate_and_the_verify_forward_per_thread_count(tm
         assert len(r["samples"]["generate_ms_per_token"]) == 1 and r["generate_ms_per_token"] > 0
         assert r["verify_block_packed_over_generate"] == r["verify_9_rows_packed_ms"] / r["generate_ms_per_token"]
     assert "| 2 |" in (tmp_path / "threads_quick.md").read_text()
+
+
+def test_lm_head_quick_times_both_kernels_per_row_count_and_generate(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    report = bench_lm_head.run(quick=True, out_dir=tmp_path, threads=1, log=lambda *_: None)
+    assert torch.get_num_threads() == before and report["threads"] == 1
+    r = report["results"]
+    for rows in bench_lm_head.ROWS:
+        assert r[f"head_{rows}_rows_default_ms"] > 0 and r[f"head_{rows}_rows_packed_ms"] > 0
+    assert r["generate_packed_over_default"] == r["generate_packed_ms_per_token"] / r["generate_default_ms_per_token"]
+    assert "| 9 |" in (tmp_path / "lm_head_quick.md").read_text()
 
 
 def test_quickstart_results_from_a_run_directory(tmp_path):
