@@ -24,7 +24,8 @@ from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 KEYS = (
     "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
     "speedup_ci", "ci_confidence", "acceptance_per_slot", "outputs_equal", "prompts_without_verify", "mean_verified",
-    "phase_ms_per_step", "noisy", "load_average", "torch_threads", "prompt_records",
+    "phase_ms_per_step", "noisy", "load_average", "torch_threads", "prompt_records", "speedup_vs_packed_generate",
+    "speedup_vs_packed_generate_ci",
 )  # fmt: skip
 
 
@@ -41,22 +42,29 @@ def break_even_tau(row: dict) -> float | None:
     return step_seconds / token_seconds
 
 
+def _speedup(value, interval) -> str:
+    return "-" if value is None else f"{value:.3f}x [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
 def table(rows: list[dict]) -> str:
     heads = any("head" in r for r in rows)
+    packed = any(r.get("speedup_vs_packed_generate") is not None for r in rows)  # timed on packed kernels
     lines = [
         ("| head " if heads else "")
         + "| eval set | mode | schedule | prompts | measured tau [95% CI] | speedup vs `generate` [95% CI] "
-        "| break-even tau | drafts verified per step | outputs equal |",
-        ("|---" if heads else "") + "|---|---|---|---:|---|---|---:|---:|---|",
+        + ("| vs `generate` on packed kernels [95% CI] " if packed else "")
+        + "| break-even tau | drafts verified per step | outputs equal |",
+        ("|---" if heads else "") + "|---|---|---|---:|---|---|" + ("---|" if packed else "") + "---:|---:|---|",
     ]
     for r in rows:
         tau_lo, tau_hi = r["measured_tau_ci"]
-        sp_lo, sp_hi = r["speedup_ci"]
+        packed_cell = f"| {_speedup(r.get('speedup_vs_packed_generate'), r.get('speedup_vs_packed_generate_ci'))} "
         lines.append(
             (f"| {r['head']} " if heads else "")
             + f"| {r['eval_set']} | {r['mode']} | {schedule(r)} | {r['num_prompts']} "
-            f"| {r['measured_tau']:.3f} [{tau_lo:.3f}, {tau_hi:.3f}] | {r['speedup']:.3f}x [{sp_lo:.3f}, {sp_hi:.3f}] "
-            f"| {r['break_even_tau']:.2f} | {r['mean_verified']:.2f} | {'yes' if r['outputs_equal'] else 'NO'} |"
+            f"| {r['measured_tau']:.3f} [{tau_lo:.3f}, {tau_hi:.3f}] | {_speedup(r['speedup'], r['speedup_ci'])} "
+            + (packed_cell if packed else "")
+            + f"| {r['break_even_tau']:.2f} | {r['mean_verified']:.2f} | {'yes' if r['outputs_equal'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -76,3 +76,20 @@ def test_paired_differences_of_timed_runs_carry_the_speedup_difference(tmp_path)
     )
     untimed = [dict(r, prompt_records=[dict(p, baseline_seconds=None) for p in r["prompt_records"]]) for r in rows]
     assert "delta_speedup" not in report.paired_differences(untimed, "1 thread")[0]
+
+
+def test_a_run_timed_on_packed_kernels_adds_its_kernel_matched_speedup_column(tmp_path):
+    path = tmp_path / "packed.json"
+    packed = dict(
+        decode_row("sharegpt_heldout"), speedup_vs_packed_generate=0.95, speedup_vs_packed_generate_ci=[0.8, 1.1]
+    )
+    path.write_text(json.dumps([packed]))
+    other = tmp_path / "default.json"
+    other.write_text(json.dumps([decode_row("humaneval")]))
+    text = report.table(report.read_rows(str(path)) + report.read_rows(str(other)))
+    header, rule, first, second = text.splitlines()
+    assert "| vs `generate` on packed kernels [95% CI] |" in header
+    assert header.count("|") == rule.count("|") == first.count("|") == second.count("|")
+    assert "| 1.000x [0.900, 1.100] | 0.950x [0.800, 1.100] |" in first
+    assert "| 1.000x [0.900, 1.100] | - |" in second  # a run timed on the default kernels has no such baseline
+    assert "packed kernels" not in report.table(report.read_rows(str(other)))
