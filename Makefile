@@ -21,8 +21,9 @@ install: $(STAMP)
 quickstart: $(STAMP)
 	OMP_NUM_THREADS=1 WANDB_MODE=offline $(BIN)/dspark-lightning fit --config configs/quickstart.yaml
 
+# One pytest worker per core (pytest-xdist); worksteal rebalances when a worker is left with the long cases.
 test: $(STAMP)
-	WANDB_MODE=disabled $(BIN)/python -m pytest -q
+	WANDB_MODE=disabled $(BIN)/python -m pytest -q -n auto --dist worksteal
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
