@@ -648,6 +648,7 @@ G2400, G1200 = "gated (2,400 steps)", "gated (1,200 steps)"
 TWO_THREADS = "reports/smollm2_study/two_threads/results.json"
 T1200, T2400 = "gated (1,200 steps), 2 threads", "gated (2,400 steps), 2 threads"
 CHAT, CODE = "gated, chat data (1,200 steps)", "gated, chat + code data (1,200 steps)"
+PACKED_HEAD, P2400 = "reports/smollm2_study/packed_head/results.json", "gated (2,400 steps), 2 threads, packed head"
 
 HEADS3 = ("none", "vanilla", "gated")
 
@@ -728,6 +729,24 @@ PROSE = {
         ],
         context=["2 threads each", "1.3–1.7", "1,200 steps", "at or above 1.0×", "no interval lies above 1.0",
                  "2,400-step", "15% faster"],
+    ),
+    "**Packed LM head, 24 prompts**": Figures(
+        claims=[
+            ("runs at **{}×** [{}, {}] of `generate` on sharegpt_heldout",
+             pays(P2400, "sharegpt_heldout", True, "speedup", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 1, path=PACKED_HEAD)),
+            ("(tau {})", pays(P2400, "sharegpt_heldout", True, "measured_tau", path=PACKED_HEAD)),
+            ("humaneval: {}× [{}, {}])",
+             pays(P2400, "humaneval", True, "speedup", path=PACKED_HEAD),
+             pays(P2400, "humaneval", True, "speedup_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "humaneval", True, "speedup_ci", 1, path=PACKED_HEAD)),
+            ("it is {}× [{}, {}]",
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 1, path=PACKED_HEAD)),
+        ],
+        context=["24 prompts", "2,400-step", "above 1.0"],
     ),
     "**What moves tau per CPU hour**": Figures(
         claims=[
