@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_threads import PROMPT_TOKENS, generate_ms_per_token
-from benchmarks.bench_verify_kernels import DEMO, RESULTS, ROOT, SMOLLM2
+from benchmarks.bench_threads import PROMPT_TOKENS, generate_ms_per_token, load_target
+from benchmarks.bench_verify_kernels import RESULTS
 from dspark_lightning.decoding.kernels import PackedLinears
 
 ROWS = (1, 2, 3, 5, 9)
@@ -94,18 +94,14 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
 
 
 def run(quick=False, out_dir=RESULTS, target=None, repeats=None, threads=None, log=print) -> dict:
-    from transformers import AutoModelForCausalLM
-
     from benchmarks.bench_selector import machine_description
 
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_description()
     start = time.perf_counter()
-    target = Path(target or (SMOLLM2 if SMOLLM2.is_dir() and not quick else DEMO))
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    target = str(target.resolve().relative_to(ROOT) if target.resolve().is_relative_to(ROOT) else target)
+    model, target = load_target(target, quick)
     repeats = repeats or (1 if quick else 6)
-    new_tokens = 4 if quick else 32
+    new_tokens = 16 if quick else 32  # quick: enough tokens that the difference of two timings stays above timer noise
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or previous)
     try:

@@ -41,6 +41,16 @@ def generate_ms_per_token(model, prompt: torch.Tensor, new_tokens: int) -> float
     return (seconds(1 + new_tokens) - one) / new_tokens * 1e3
 
 
+def load_target(target: str | None, quick: bool):
+    """(float32 causal LM in eval mode, its path as reported: relative to the repository when inside it); the
+    SmolLM2 import by default, the demo target with ``quick`` or without the import."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(target or (SMOLLM2 if SMOLLM2.is_dir() and not quick else DEMO))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, str(path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path)
+
+
 def measure(model, repeats: int, new_tokens: int, block_rows: int = 9) -> dict[int, dict[str, float]]:
     """Per thread count: medians of `generate` ms/token and of the verify forward's ms (1 and ``block_rows`` rows,
     default and packed kernels), thread counts alternated within each repeat (the first repeat warms up)."""
@@ -102,18 +112,14 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
 
 
 def run(quick=False, out_dir=RESULTS, target=None, repeats=None, log=print) -> dict:
-    from transformers import AutoModelForCausalLM
-
     from benchmarks.bench_selector import machine_description
 
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_description()
     start = time.perf_counter()
-    target = Path(target or (SMOLLM2 if SMOLLM2.is_dir() and not quick else DEMO))
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    target = str(target.resolve().relative_to(ROOT) if target.resolve().is_relative_to(ROOT) else target)
+    model, target = load_target(target, quick)
     repeats = repeats or (1 if quick else 8)
-    new_tokens = 4 if quick else 32
+    new_tokens = 16 if quick else 32  # quick: enough tokens that the difference of two timings stays above timer noise
     by_threads = measure(model, repeats, new_tokens)
     for threads, r in by_threads.items():
         log(f"{threads} thread(s): generate {r['generate_ms_per_token']:.1f} ms/token, verify 9 rows packed "

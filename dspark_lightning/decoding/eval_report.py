@@ -112,8 +112,8 @@ def summarize_eval_set(
     ``measured_tau_ci`` ([low, high], paired percentile bootstrap over prompts), ``acceptance_per_slot``,
     ``speedup`` (total baseline / total speculative seconds) and ``speedup_ci`` (None when no prompt was timed),
     ``speedup_vs_packed_generate`` and its ``_ci`` (the same against generate on packed kernels; present only when
-    every prompt timed it), ``outputs_equal`` (every compared prompt equal; None when none was compared) and ``ci_confidence``. Plain
-    floats, lists and None only, never NaN: ready for ``json.dumps``.
+    every prompt timed it), ``outputs_equal`` (every compared prompt equal; None when none was compared) and
+    ``ci_confidence``. Plain floats, lists and None only, never NaN: ready for ``json.dumps``.
     """
     records = [_as_record(record) for record in per_prompt_records]
     if not records:

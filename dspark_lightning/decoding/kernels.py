@@ -12,8 +12,9 @@ benchmarks/results/lm_head.md), which is why the timed decode also runs a ``gene
 Design choices: opt-in (``speculative_generate(packed_verify=True)``, ``decode --packed_verify true``), because the
 reordered copy costs one more copy of the decoder weights in memory and the numbers differ from the default kernels
 in the last bits (float32 sums in another order; greedy outputs stay equal to ``generate`` unless two logits tie to
-~1e-5, the same condition as for the default multi-token GEMM). Float32 CPU weights only. The reordered weights are cached per module and rebuilt when
-a weight changes (tracked by its version counter), so repeated calls on a frozen target pack once.
+~1e-5, the same condition as for the default multi-token GEMM). Float32 CPU weights only. The reordered weights are
+cached per module and rebuilt when a weight changes (tracked by its version counter), so repeated calls on a frozen
+target pack once.
 """
 
 from __future__ import annotations

@@ -53,13 +53,8 @@ class TargetForwards:
             if packed_verify
             else contextlib.nullcontext()
         )
-        # the packed head computes all n+1 rows of a verify forward in less than one default row's time (SmolLM2, 2
-        # threads: 9 packed rows 17.0 ms, one default row 20.8 ms; benchmarks/results/lm_head.md)
-        self.head_kernels = (
-            PackedLinears(self.head, drafter.block_size + 1)
-            if packed_verify and isinstance(self.head, torch.nn.Linear)
-            else None
-        )
+        self.packed_verify, self.block_rows = packed_verify, drafter.block_size + 1
+        self.head_kernels = None  # the packed head, set by the prefill when the verify forward applies the head
         # set by the prefill: True when logits == head(final hidden state), checked on the real output; a model that
         # post-processes its logits (soft-capping, a logit scale) keeps the full-logits verify path
         self.own_head = False
@@ -85,6 +80,10 @@ class TargetForwards:
         self.own_head = (
             bool(final) and head is not None and torch.allclose(head(final[0][:, -1:])[0, -1].float(), logits)
         )
+        if self.own_head and self.packed_verify and isinstance(head, torch.nn.Linear):
+            # all n+1 rows of a verify forward in less than one default row's time (SmolLM2, 2 threads: 9 packed
+            # rows 17.0 ms, one default row 20.8 ms; benchmarks/results/lm_head.md)
+            self.head_kernels = PackedLinears(head, self.block_rows)
         return logits, self._features(out)
 
     def verify(self, tokens: torch.Tensor, start: int):

@@ -20,16 +20,19 @@ from dspark_lightning.progress import progress_bar
 def decode_plan(
     num_prompts: int, num_modes: int, num_schedules: int, max_new_tokens: int, baseline: bool, packed: bool = False
 ):
-    """(timed runs, the line that announces them): what ``decode`` and each eval set print before they start.
-    ``packed``: the speculative runs verify on packed kernels, so a timed prompt also runs ``generate`` on them."""
-    per_prompt = (3 if packed else 2) if baseline else 1
-    runs = num_prompts * num_modes * num_schedules * per_prompt
+    """(timed runs, the line that announces them): what ``decode`` and each eval set print before they start."""
+    runs = num_prompts * num_modes * num_schedules * (runs_per_timed_prompt(packed) if baseline else 1)
     text = (
         f"{num_modes} modes x {num_schedules} schedules x {num_prompts} prompts x {max_new_tokens} new tokens, "
         f"baseline {'on' + (' (default and packed kernels)' if packed else '') if baseline else 'off'}: "
         f"{runs} timed runs"
     )
     return runs, text
+
+
+def runs_per_timed_prompt(packed: bool) -> int:
+    """``generate``, then the speculative run; on packed kernels (``packed_verify``) also ``generate`` on them."""
+    return 3 if packed else 2
 
 
 NOISE_KEYS = (
@@ -67,7 +70,7 @@ def decode_table(
     timed = baseline and temperature == 0
     total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed, packed_verify)
     bar = progress_bar(progress, total, "runs") if progress else nullcontext(lambda n=1: None)
-    runs_per_prompt = 3 if packed_verify else 2  # generate (and generate on packed kernels), then speculative
+    runs_per_prompt = runs_per_timed_prompt(packed_verify)
     rows = []
     with bar as advance:
         for mode in modes:
