@@ -175,10 +175,12 @@ def schedule_label(schedule) -> str:
 
 
 def table_console():
-    """Where the decode tables print: the terminal's width, at least 80 columns (each table fits in 80)."""
+    """Where the decode tables print: a terminal's own width (at least 80 columns); off a terminal (a log file, a pipe,
+    ``nohup``) 160 columns, since a file has no width and rich would otherwise wrap every cell at its default 80."""
     from rich.console import Console
 
-    return Console(width=max(80, Console().width))
+    console = Console()
+    return Console(width=max(80, console.width) if console.is_terminal else max(160, console.width))
 
 
 def compact_table(title: str):

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dspark_lightning.data.eval_sets import datamodule_prompt_ids
 from dspark_lightning.decoding.eval_report import summarize_eval_set
-from dspark_lightning.evaluation.decode_tables import decode_plan, decode_table, schedule_label
+from dspark_lightning.evaluation.decode_tables import (
+    compact_table,
+    decode_plan,
+    decode_table,
+    schedule_label,
+    table_console,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 128  # at least 128 new tokens: 64 leaves too few verify steps per prompt to steer by
 
@@ -53,16 +59,14 @@ def _interval(value, interval, digits: int, suffix: str = "") -> str:
 
 
 def print_eval_set_table(rows: list[dict]) -> None:
-    """The eval-set rows as one rich table that fits 80 columns (everything else is in the JSON)."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """The eval-set rows as one rich table, a row per line (everything else is in the JSON)."""
     confidence = rows[0]["ci_confidence"] if rows else 0.95
-    table = Table(title=f"measured decoding per eval set ({confidence:.0%} bootstrap intervals over prompts)")
+    table = compact_table(f"measured decoding per eval set ({confidence:.0%} bootstrap intervals over prompts)")
     packed = any("speedup_vs_packed_generate" in row for row in rows)
     columns = ("eval set", "mode", "sched.", "n", "tau [CI]", "speedup [CI]", "= gen.")
     for column in columns + (("vs packed gen. [CI]",) if packed else ()):
-        table.add_column(column, justify="left" if column in ("eval set", "mode") else "right")
+        # an interval cut over two lines, or a set name cut short, reads as a different number
+        table.add_column(column, justify="left" if column in ("eval set", "mode") else "right", no_wrap=True)
     for row in rows:
         equal = row["outputs_equal"]
         packed_cell = (
@@ -78,4 +82,4 @@ def print_eval_set_table(rows: list[dict]) -> None:
             "-" if equal is None else ("yes" if equal else "[bold red]NO[/]"),
             *(packed_cell if packed else ()),
         )
-    Console(width=max(80, Console().width)).print(table)
+    table_console().print(table)

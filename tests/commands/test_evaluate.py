@@ -156,6 +156,13 @@ def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_chec
         assert row["speedup"] == pytest.approx(speedup)
         assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
         assert row["outputs_equal"] is True  # greedy speculative decoding == the target's generate on every prompt
+        # captured stdout is not a terminal (as a log file): each row prints whole on one line, name and intervals
+        tau_cell = f"{row['measured_tau']:.2f} [{low:.2f}, {high:.2f}]"
+        speedup_cell = "{:.2f}x [{:.2f}, {:.2f}]".format(row["speedup"], *row["speedup_ci"])
+        assert any(
+            line.split()[:2] == [row["eval_set"], row["mode"]] and tau_cell in line and speedup_cell in line
+            for line in printed.out.splitlines()
+        ), printed.out
 
 
 def test_decode_refuses_an_unknown_eval_set(trained_checkpoint):
