@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dspark_lightning.errors import UserError
+from dspark_lightning.errors import OptionError, UserError
 
 
 class NonFiniteError(UserError, FloatingPointError):
@@ -34,14 +35,23 @@ def read_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path", mmap: 
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - torch's own message suggests weights_only=False, which we never use
-        first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        raise ValueError(
+        raise OptionError(
             f"{option} {str(path)!r} is not a checkpoint written by `dspark-lightning fit` "
-            f"(torch.load with weights_only=True failed: {first_line})"
+            f"(torch.load with weights_only=True failed: {_load_failure(error)})"
         ) from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-        raise ValueError(f"{option} {str(path)!r} is not a Lightning checkpoint (no 'state_dict')")
+        raise OptionError(f"{option} {str(path)!r} is not a Lightning checkpoint (no 'state_dict')")
     return checkpoint
+
+
+def _load_failure(error: Exception) -> str:
+    """What failed in a weights-only load, without torch's advice to retry unsafely: its ``WeightsUnpickler error``
+    (e.g. "Unsupported operand 103" for a file that is no pickle at all), else the message's first line."""
+    text = str(error).strip()
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\. |\n|$)", text)
+    if found:
+        return found.group(1).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def non_finite_names(tensors: Mapping[str, Any]) -> list[str]:

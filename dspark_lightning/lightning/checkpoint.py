@@ -14,6 +14,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
+from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.config import migrate_hparams
 from dspark_lightning.lightning.module import DSparkModule
 
@@ -34,6 +35,12 @@ def load_checkpoint_module(
     (``lightning/config.py: migrate_hparams``).
     """
     checkpoint = read_checkpoint(ckpt_path) if checkpoint is None else checkpoint
+    where = where or f"checkpoint {ckpt_path}"
+    if not isinstance(checkpoint.get("hyper_parameters"), dict):  # a bare state dict, or another LightningModule's
+        raise OptionError(
+            f"{where}: no hyper_parameters in the file, so no drafter can be rebuilt from it "
+            "(expected a checkpoint written by `dspark-lightning fit`, which records them)"
+        )
     hparams = {name: dict(group) for name, group in migrate_hparams(checkpoint["hyper_parameters"]).items()}
     hparams["training"]["compile"] = False
     if target is not None:
@@ -42,7 +49,7 @@ def load_checkpoint_module(
         hparams["target"]["features"] = features
     state = checkpoint["state_dict"]
     # never export, decode or calibrate a diverged drafter (checked before the target is loaded)
-    check_finite_state(state, where or f"checkpoint {ckpt_path}")
+    check_finite_state(state, where)
     with tempfile.TemporaryDirectory() as tmp:
         drafter = hparams["drafter"]
         vocab_path = drafter.get("draft_vocab")
@@ -53,8 +60,8 @@ def load_checkpoint_module(
     missing, unexpected = module.load_state_dict(state, strict=False)
     needed = set(module.state_dict()) - module.frozen_state_keys()
     if unexpected or needed & set(missing):
-        raise KeyError(
-            f"checkpoint does not match its model: missing {sorted(needed & set(missing))[:8]}, "
+        raise OptionError(
+            f"{where} does not match the drafter its hyper-parameters describe: missing {sorted(needed & set(missing))[:8]}, "
             f"unexpected {sorted(unexpected)[:8]}"
         )
     return module.eval()

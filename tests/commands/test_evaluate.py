@@ -12,6 +12,7 @@ from helpers.quickstart import quickstart_fit_args
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
+from dspark_lightning.errors import OptionError
 from dspark_lightning.evaluation.loading import load_trained
 
 
@@ -168,3 +169,15 @@ def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_chec
 def test_decode_refuses_an_unknown_eval_set(trained_checkpoint):
     with pytest.raises(SystemExit):  # jsonargparse names the option and the allowed values
         cli_main(["decode", f"--ckpt_path={trained_checkpoint}", "--eval_sets=[mmlu]"])
+
+
+def test_a_checkpoint_that_does_not_match_its_hyper_parameters_is_a_clear_error(trained_checkpoint, tmp_path):
+    checkpoint = torch.load(trained_checkpoint, weights_only=True)
+    dropped = next(name for name in checkpoint["state_dict"] if name.startswith("drafter."))
+    del checkpoint["state_dict"][dropped]  # e.g. a drafter edited by hand, or saved by another version's layout
+    edited = tmp_path / "edited.ckpt"
+    torch.save(checkpoint, edited)
+    with pytest.raises(
+        OptionError, match=rf"edited\.ckpt does not match the drafter .*missing \['{re.escape(dropped)}'"
+    ):
+        cli_main(["decode", f"--ckpt_path={edited}"])

@@ -20,7 +20,8 @@ from helpers import hostile
 from helpers.hostile import DEADLINE_S, ROOT, fit_args
 
 from dspark_lightning.checks import NonFiniteError, dumps_json
-from dspark_lightning.cli import cli_main
+from dspark_lightning.cli import cli_main, main
+from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.run_dirs import claim_version_dir
 
 # fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
@@ -162,7 +163,7 @@ def test_missing_target_path_is_named(tmp_path):
         cli_main(["fit", *fit_args(tmp_path, extra=(f"--model.target.path={missing}",))])
 
 
-def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):
+def test_text_file_as_checkpoint_is_refused_clearly(tmp_path, monkeypatch, capsys):
 
     notes = tmp_path / "notes.ckpt"
     notes.write_text("not a checkpoint\n")
@@ -173,12 +174,25 @@ def test_text_file_as_checkpoint_is_refused_clearly(tmp_path):
     ]
     for call in calls:
         with pytest.raises(
-            ValueError, match=r"notes\.ckpt' is not a checkpoint written by `dspark-lightning fit`"
+            OptionError, match=r"notes\.ckpt' is not a checkpoint written by `dspark-lightning fit`"
         ) as e:
             call()
         assert "weights_only=False" not in str(e.value)
     with pytest.raises(FileNotFoundError, match=r"--ckpt_path .*missing\.ckpt' does not exist"):
         cli_main(["decode", "--ckpt_path", str(tmp_path / "missing.ckpt")])
+    # the console script prints it as one line naming the file and exits 2, with torch's reason, not a traceback
+    monkeypatch.setattr("sys.argv", ["dspark-lightning", "decode", "--ckpt_path", str(notes)])
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dspark-lightning: error: --ckpt_path") and "Traceback" not in err
+    assert "Unsupported operand" in err and "In PyTorch 2.6" not in err  # what failed, not torch's advice
+
+
+def test_a_checkpoint_without_hyper_parameters_is_refused_clearly(tmp_path):
+    bare = tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {"drafter.w": torch.zeros(2)}}, bare)  # a state dict saved by hand, not by fit
+    with pytest.raises(OptionError, match=r"bare\.ckpt: no hyper_parameters .*`dspark-lightning fit`"):
+        cli_main(["decode", "--ckpt_path", str(bare)])
 
 
 @pytest.mark.parametrize(
