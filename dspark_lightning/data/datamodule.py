@@ -232,14 +232,16 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
                 continue
             if configured_only and not (self.train_files or self.val_files or self.test_files):
                 continue
-            source = self._source(split)
+            source = self._source(split, options)
             if not source.is_hub:
-                option = {"train": "data.train_files", "validation": "data.val_files", "test": "data.test_files"}
-                option |= options or {}
                 kind = "conversation" if self.data_format.format == "chat" else "completion record"
                 what = f"{kind} (data.format: {self.data_format.format})"
                 preflight_data_files(
-                    source.files, option[split], self.max_record_bytes, parse=self.encoder.parse, what=what
+                    source.files,
+                    self._option(split, options),
+                    self.max_record_bytes,
+                    parse=self.encoder.parse,
+                    what=what,
                 )
 
     # ------------------------------------------------------------------------------------------------- streams
@@ -248,16 +250,20 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
         files = {"train": self.train_files, "validation": self.val_files}.get(split, self.test_files or self.val_files)
         return bool(files or (self.id_split is not None and self.train_files))
 
-    def _source(self, split: str) -> DataSource:
-        if split == "test":
-            spec, option = (self.test_files or self.val_files), "test_files (or val_files)"
-        else:
-            spec, option = (self.train_files, "train_files") if split == "train" else (self.val_files, "val_files")
+    def _option(self, split: str, options: dict[str, str] | None = None) -> str:
+        """The option an error about ``split``'s files names: the data module's own, or a command's (``options``)."""
+        option = {"train": "data.train_files", "validation": "data.val_files", "test": "data.test_files"}
+        return (option | (options or {}))[split]
+
+    def _source(self, split: str, options: dict[str, str] | None = None) -> DataSource:
+        if split == "test" and not self.test_files:
+            split = "validation"  # the test stage reads the validation files unless it has its own
+        spec, named = {"train": self.train_files, "validation": self.val_files, "test": self.test_files}[split], split
         if spec is None and self.id_split is not None:
-            spec = self.train_files  # validation / test carved out of the training files by id
+            spec, named = self.train_files, "train"  # validation / test carved out of the training files by id
         if spec is None:
-            raise ValueError(f"no {option} configured")
-        return resolve_source(spec, default_split="validation" if split == "test" and not self.test_files else split)
+            raise ValueError(f"no {self._option(split, options)} configured")
+        return resolve_source(spec, default_split=split, option=self._option(named, options))
 
     def _distributed_context(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)

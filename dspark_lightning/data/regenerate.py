@@ -61,7 +61,7 @@ __all__ = ["GreedyRegenerator", "ResumableShardWriter", "read_conversations", "r
 
 def read_raw_records(data: str | Sequence[str]) -> Iterable[RawRecord]:
     """The raw records of ``data`` in order (local files with file and line, or a streamed hub dataset)."""
-    source = resolve_source(data)
+    source = resolve_source(data, option="--data")
     if source.is_hub:
         from datasets import load_dataset
 
@@ -247,7 +247,11 @@ def regenerate(
     if limit is not None:  # the bar counts records written, up to the limit
         total, unit = max(0, limit - already), "records"
     else:  # the bar counts this job's conversations (prompts) still to do (unknown for a streamed hub dataset)
-        total = None if resolve_source(data).is_hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
+        total = (
+            None
+            if resolve_source(data, option="--data").is_hub
+            else sum(i not in writer.done_ids for i, _ in mine(Counter()))
+        )
     with progress_bar("regenerate", total, unit) as advance, stop_on_sigterm("regenerate") as stop_requested:
 
         def flush() -> None:

@@ -65,9 +65,19 @@ def package_path(spec: str) -> str:
     return path
 
 
-def resolve_source(spec: str | Sequence[str], default_split: str = "train") -> DataSource:
+def resolve_source(spec: str | Sequence[str], default_split: str = "train", option: str | None = None) -> DataSource:
     """Resolve files / directories / globs / ``pkg:`` paths (or a list of them) or a hub dataset id into a
-    :class:`DataSource`."""
+    :class:`DataSource`. ``option`` (e.g. ``--data.train_files``) begins every error message, so a run with several
+    data options says which one is wrong."""
+    try:
+        return _resolve_source(spec, default_split)
+    except (OSError, ValueError) as error:
+        if option is None:
+            raise
+        raise type(error)(f"{option}: {error}") from None
+
+
+def _resolve_source(spec: str | Sequence[str], default_split: str) -> DataSource:
     specs = [spec] if isinstance(spec, str) else list(spec)
     if not specs:
         raise ValueError("empty data source: give files, directories, globs or a Hugging Face dataset id")

@@ -188,6 +188,23 @@ def test_text_file_as_checkpoint_is_refused_clearly(tmp_path, monkeypatch, capsy
     assert "Unsupported operand" in err and "In PyTorch 2.6" not in err  # what failed, not torch's advice
 
 
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.train_files={}"], "data.train_files"),
+        (["validate", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.val_files={}"], "data.val_files"),
+        (["cache", "--target", str(hostile.TARGET), "--data={}", "--output=unused"], "--data"),
+        (["draft-vocab", "--tokenizer", str(hostile.TARGET), "--data={}", "--size=9", "--output=x"], "--data"),
+        (["regenerate", "--target", str(hostile.TARGET), "--data={}", "--output=unused"], "--data"),
+    ],
+)
+def test_a_data_glob_matching_nothing_names_the_option_given(argv, option, tmp_path):
+    pattern = str(tmp_path / "typo-*.jsonl")
+    with pytest.raises(FileNotFoundError) as error:
+        cli_main([arg.format(pattern) for arg in argv])
+    assert str(error.value) == f"{option}: no files match {pattern!r}"
+
+
 def test_a_checkpoint_without_hyper_parameters_is_refused_clearly(tmp_path):
     bare = tmp_path / "bare.ckpt"
     torch.save({"state_dict": {"drafter.w": torch.zeros(2)}}, bare)  # a state dict saved by hand, not by fit
