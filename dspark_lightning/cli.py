@@ -65,9 +65,15 @@ def command_parser(name: str) -> ArgumentParser:
     return parser
 
 
+DESCRIPTION = (  # what `dspark-lightning --help` opens with: for users, so no reST markup
+    "Train, evaluate and export DSpark draft models for speculative decoding. "
+    "`dspark-lightning COMMAND --help` lists a command's options; `python -m dspark_lightning` is the same program."
+)
+
+
 def build_parser() -> ArgumentParser:
     """The whole command table as one parser (``dspark-lightning --help``); fit/validate/test parse in LightningCLI."""
-    parser = ArgumentParser(prog="dspark-lightning", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="dspark-lightning", description=DESCRIPTION)
     subcommands = parser.add_subcommands(required=True)
     for name, help_text in LIGHTNING_COMMANDS.items():
         subcommands.add_subcommand(name, ArgumentParser(description=help_text, add_help=False), help=help_text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -219,6 +220,11 @@ def test_every_command_takes_help_config_and_print_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["nonsense"])
     assert exit_info.value.code == 2 and "invalid choice: 'nonsense'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["--help"])
+    top = capsys.readouterr().out  # what a first-time user reads: every command, plain text (no reST markup)
+    assert exit_info.value.code == 0 and "``" not in top
+    assert all(re.search(rf"^\s+{name}\s", top, re.M) for name in ("fit", "validate", "test", *TOOL_COMMANDS)), top
 
 
 def test_recorded_command_lines_parse_back_to_the_same_call():
