@@ -1,6 +1,7 @@
 """``dspark-lightning calibrate``: fit per-slot confidence temperatures and write a calibrated checkpoint.
 
     dspark-lightning calibrate --ckpt_path runs/.../last.ckpt [--output calibrated.ckpt] [--max_batches 32]
+    [--overwrite true]
 
 Sequential temperature scaling (``calibration``) on validation blocks (``validation_blocks.collect_blocks``); it
 reports the prefix-survival ECE before and after and stores the temperatures in the drafter's
@@ -9,28 +10,37 @@ reports the prefix-survival ECE before and after and stores the temperatures in 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import torch
 from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
+from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.evaluation.calibration import fit_sequential_temperatures
 from dspark_lightning.evaluation.loading import load_trained
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
 
 
-def calibrate_command(ckpt_path: str, output: str | None = None, max_batches: PositiveInt = 32) -> dict:
+def calibrate_command(
+    ckpt_path: str, output: str | None = None, max_batches: PositiveInt = 32, overwrite: bool = False
+) -> dict:
     """Fit per-slot confidence temperatures (sequential temperature scaling) and write a calibrated checkpoint.
 
     Args:
         ckpt_path: checkpoint written by `dspark-lightning fit`
         output: calibrated checkpoint (default: <ckpt>.calibrated.ckpt)
         max_batches: validation batches used for fitting (at least 1)
+        overwrite: replace an existing --output file (else refused before any work)
     """
+    output = output or str(Path(ckpt_path).with_suffix(".calibrated.ckpt"))
+    if Path(output).exists() and not overwrite:  # checked first: --output may name the training checkpoint itself
+        raise FileExistsError(f"--output {output!r} exists: pass --overwrite true to replace it")
     module, data = load_trained(ckpt_path)
     if module.drafter.confidence_head is None:
-        raise SystemExit("this drafter has no confidence head: nothing to calibrate")
+        raise UnsupportedError(f"--ckpt_path {ckpt_path!r}: this drafter has no confidence head, nothing to calibrate")
     data.setup("validate")
     blocks = collect_blocks(
         module, data.val_dataloader(), max_blocks=None, max_batches=max_batches, fields=["confidence_logits"]
@@ -40,8 +50,15 @@ def calibrate_command(ckpt_path: str, output: str | None = None, max_batches: Po
     check_finite_state({"confidence_temperature": module.drafter.confidence_temperature}, "calibrate")
     checkpoint = read_checkpoint(ckpt_path)
     checkpoint["state_dict"]["drafter.confidence_temperature"] = module.drafter.confidence_temperature.clone()
-    output = output or str(Path(ckpt_path).with_suffix(".calibrated.ckpt"))
-    torch.save(checkpoint, output)
+    # written beside the output and renamed over it: an interrupted save never leaves a truncated checkpoint
+    handle, staging = tempfile.mkstemp(prefix=f".{Path(output).name}.", dir=Path(output).parent)
+    os.close(handle)
+    try:
+        torch.save(checkpoint, staging)
+        os.replace(staging, output)
+    finally:
+        if os.path.exists(staging):
+            os.unlink(staging)
     result = {"temperatures": temperatures.tolist(), **ece, "blocks": blocks.num_blocks, "output": output}
     print(dumps_json(result, indent=2))  # strict JSON: an undefined ECE is null, never NaN
     return result

@@ -118,6 +118,16 @@ def test_calibrate_command_stores_temperatures(trained_checkpoint, tmp_path):
     stored = module.drafter.confidence_temperature
     assert torch.allclose(stored, torch.tensor(result["temperatures"]))
     assert not torch.allclose(stored, torch.ones_like(stored))
+    assert [p.name for p in tmp_path.iterdir()] == ["calibrated.ckpt"]  # no staging file left beside it
+    # an existing output (here: the training checkpoint itself) is refused before any work, unless asked
+    before = trained_checkpoint.read_bytes()
+    with pytest.raises(FileExistsError, match=r"--output .*last\.ckpt' exists: pass --overwrite true"):
+        cli_main(["calibrate", f"--ckpt_path={trained_checkpoint}", f"--output={trained_checkpoint}"])
+    assert trained_checkpoint.read_bytes() == before
+    again = cli_main(
+        ["calibrate", f"--ckpt_path={output}", f"--output={output}", "--max_batches=3", "--overwrite=true"]
+    )
+    assert again["temperatures"] == pytest.approx(result["temperatures"])  # fitted on raw logits: the same again
 
 
 def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_checkpoint, tmp_path, capsys):

@@ -21,7 +21,7 @@ from helpers.hostile import DEADLINE_S, ROOT, fit_args
 
 from dspark_lightning.checks import NonFiniteError, dumps_json
 from dspark_lightning.cli import cli_main, main
-from dspark_lightning.errors import OptionError
+from dspark_lightning.errors import OptionError, UnsupportedError
 from dspark_lightning.lightning.run_dirs import claim_version_dir
 
 # fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
@@ -307,3 +307,11 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path, checkpoint):
     args, _ = _user_error_cases(tmp_path, checkpoint)["bad data"]
     result = _cli(args, {"DSPARK_DEBUG": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_calibrating_a_drafter_without_a_confidence_head_is_a_one_line_error(tmp_path):
+    cli_main(["fit", *fit_args(tmp_path, 1, extra=("--model.drafter.confidence_head=false",))])
+    (trained,) = tmp_path.rglob("last.ckpt")
+    with pytest.raises(UnsupportedError, match=r"last\.ckpt': this drafter has no confidence head, nothing to calib"):
+        cli_main(["calibrate", f"--ckpt_path={trained}"])
+    assert not list(tmp_path.rglob("*.calibrated.ckpt"))
