@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers.paths import ROOT
 
-from dspark_lightning.cli import cli_main
+from dspark_lightning.cli import cli_main, main
+from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.errors import OptionError
 
 
 def usage_error(args: list[str], capsys) -> list[str]:
@@ -38,3 +40,31 @@ def test_a_misspelt_command_and_a_bad_value_stay_short(capsys):
     lines = usage_error(["decode", "--ckpt_path", "x", "--k", "abc"], capsys)  # not a misspelling: no suggestion
     assert lines[0].startswith("usage: dspark-lightning decode") and 'Parser key "k"' in lines[1]
     assert "did you mean" not in "\n".join(lines) and len(lines) <= 4
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("--model.drafter.block_size=1", "model.drafter.block_size must be >= 2, got 1"),
+        ("--model.drafter.num_layers=0", "model.drafter.num_layers must be >= 1, got 0"),
+        ("--model.drafter.max_anchors=0", "model.drafter.max_anchors must be >= 1, got 0"),
+        ("--model.drafter.sliding_window=0", "model.drafter.sliding_window must be >= 1"),
+        ("--model.drafter.markov_head.rank=0", "model.drafter.confidence_with_markov=true needs a Markov head"),
+    ],
+)
+def test_a_bad_model_option_is_one_line_naming_it(option, expected, monkeypatch, capsys):
+    monkeypatch.setattr(
+        "sys.argv", ["dspark-lightning", "fit", "--config", str(ROOT / "configs/quickstart.yaml"), option]
+    )
+    assert main() == 2  # refused while the model is built, before any training step
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"dspark-lightning: error: {expected}"), line
+
+
+@pytest.mark.parametrize("option", ["seq_len=0", "batch_size=0", "num_workers=-1", "shuffle_buffer=-1"])
+def test_a_bad_data_size_is_a_usage_error_in_the_cli_and_an_option_error_in_python(option, capsys):
+    name, value = option.split("=")
+    lines = usage_error(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), f"--data.{option}"], capsys)
+    assert f'Parser key "data.{name}"' in "\n".join(lines)
+    with pytest.raises(OptionError, match=rf"data\.{name} must be at least \d, got {value}"):
+        ShareGPTDataModule("unused-tokenizer", **{name: int(value)})

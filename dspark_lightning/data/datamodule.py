@@ -30,6 +30,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from datasets.distributed import split_dataset_by_node
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from transformers import AutoTokenizer
 
 from dspark_lightning.data.accounting import CountingDataLoader, SharedCounts
@@ -43,6 +44,7 @@ from dspark_lightning.data.reports import DataReports
 from dspark_lightning.data.sharegpt import Conversation, DataSource, IdSplit, iter_conversations, resolve_source
 from dspark_lightning.data.stream import PackedConversationStream, open_record_stream, raw_record_from_example
 from dspark_lightning.data.tokenize import ConversationEncoder, resolve_mask_token, resolve_pad_token_id
+from dspark_lightning.errors import OptionError
 
 logger = logging.getLogger(__name__)
 
@@ -57,24 +59,24 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
         train_files: str | list[str] | None = None,
         val_files: str | list[str] | None = None,
         test_files: str | list[str] | None = None,
-        seq_len: int = 512,
-        batch_size: int = 4,
-        num_workers: int = 0,
-        shuffle_buffer: int = 1000,
+        seq_len: PositiveInt = 512,
+        batch_size: PositiveInt = 4,
+        num_workers: NonNegativeInt = 0,
+        shuffle_buffer: NonNegativeInt = 1000,
         seed: int = 0,
         on_bad_record: Literal["skip", "raise"] = "skip",
-        max_length: int | None = None,
-        min_supervised_tokens: int = 1,
-        num_eval_prompts: int = 8,
-        block_size: int = 8,
+        max_length: PositiveInt | None = None,
+        min_supervised_tokens: NonNegativeInt = 1,
+        num_eval_prompts: NonNegativeInt = 8,
+        block_size: NonNegativeInt = 8,
         trust_remote_code: bool = False,
-        limit_val_samples: int | None = None,
+        limit_val_samples: NonNegativeInt | None = None,
         mask_token: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         train_cache: str | list[str] | None = None,
         val_cache: str | list[str] | None = None,
         split_by_id: dict[str, float] | None = None,
-        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_record_bytes: PositiveInt = DEFAULT_MAX_RECORD_BYTES,
         format: Literal["auto", "chat", "completion"] = "auto",
     ):
         """
@@ -129,9 +131,11 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
         self.train_cache, self.val_cache = train_cache, val_cache
         self.id_split = IdSplit.from_fractions(split_by_id)
         if on_bad_record not in ("skip", "raise"):
-            raise ValueError(f"on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
-        if max_record_bytes < 1:
-            raise ValueError(f"data.max_record_bytes must be at least 1, got {max_record_bytes}")
+            raise OptionError(f"data.on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
+        for name, value, least in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                   ("shuffle_buffer", shuffle_buffer, 0), ("max_record_bytes", max_record_bytes, 1)):  # fmt: skip
+            if value < least:  # the CLI's types refuse these at parse time; this is for Python callers
+                raise OptionError(f"data.{name} must be at least {least}, got {value}")
         self.max_record_bytes = max_record_bytes
         self.format = format
         self._format_choice: FormatChoice | None = None

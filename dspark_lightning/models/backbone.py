@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_lightning.errors import OptionError
 from dspark_lightning.models.anchors import Anchors  # noqa: F401 - decoding/identity.py still imports it from here
 from dspark_lightning.models.attention import ATTENTION_BACKENDS, DraftAttention, RMSNorm
 
@@ -57,24 +58,26 @@ class BackboneConfig:
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+            raise OptionError(f"model.drafter.num_layers must be >= 1, got {self.num_layers}")
         if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1 (or None for full attention), got {self.sliding_window}")
+            raise OptionError(
+                f"model.drafter.sliding_window must be >= 1 (or None for full attention), got {self.sliding_window}"
+            )
         if self.layer_types is None:  # a window without layer types: every layer slides
             self.layer_types = ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_layers
         self.layer_types = list(self.layer_types)
         if len(self.layer_types) != self.num_layers:
-            raise ValueError(
-                f"layer_types has {len(self.layer_types)} entries, expected num_layers = {self.num_layers}"
+            raise OptionError(
+                f"model.drafter.layer_types has {len(self.layer_types)} entries, expected num_layers = {self.num_layers}"
             )
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if unknown:
-            raise ValueError(f"layer_types: unknown {unknown}; expected entries of {LAYER_TYPES}")
+            raise OptionError(f"model.drafter.layer_types: unknown {unknown}; expected entries of {LAYER_TYPES}")
         if "sliding_attention" in self.layer_types and self.sliding_window is None:
-            raise ValueError("layer_types names sliding_attention layers but sliding_window is not set")
+            raise OptionError("model.drafter.layer_types names sliding_attention layers but sliding_window is not set")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"unknown attention_backend {self.attention_backend!r}; expected one of {ATTENTION_BACKENDS}"
+            raise OptionError(
+                f"model.drafter.attention_backend: unknown {self.attention_backend!r}; expected one of {ATTENTION_BACKENDS}"
             )
 
     def layer_window(self, index: int) -> int | None:

@@ -11,6 +11,7 @@ from typing import Literal
 
 import torch
 
+from dspark_lightning.errors import OptionError
 from dspark_lightning.models.markov import MarkovHeadConfig
 
 
@@ -68,18 +69,24 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         if self.block_embedding not in ("target", "lookup"):
-            raise ValueError(f"block_embedding must be 'target' or 'lookup', got {self.block_embedding!r}")
+            raise OptionError(
+                f"model.drafter.block_embedding must be 'target' or 'lookup', got {self.block_embedding!r}"
+            )
         if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+            raise OptionError(f"model.drafter.block_size must be >= 2, got {self.block_size}")
+        if self.num_layers < 1:
+            raise OptionError(f"model.drafter.num_layers must be >= 1, got {self.num_layers}")
+        if self.sliding_window is not None and self.sliding_window < 1:  # checked before the target loads
+            raise OptionError(f"model.drafter.sliding_window must be >= 1 (or null), got {self.sliding_window}")
         if self.max_anchors < 1:
-            raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
+            raise OptionError(f"model.drafter.max_anchors must be >= 1, got {self.max_anchors}")
         markov_head = MarkovHeadConfig.coerce(self.markov_head)
         if markov_head is not None and markov_head.rank == 0:
             markov_head = None  # rank 0 means "no head", as in the DSpark CLI
         object.__setattr__(self, "markov_head", markov_head)  # the one normalisation a frozen config allows itself
         if self.confidence_head and self.confidence_with_markov and self.markov_head is None:
-            raise ValueError(
-                "confidence_with_markov=True needs a Markov head: set confidence_with_markov: false "
+            raise OptionError(
+                "model.drafter.confidence_with_markov=true needs a Markov head: set it false "
                 "(or add a markov_head) when training pure DFlash"
             )
 

@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from dspark_lightning.errors import OptionError
+
 KINDS = ("vanilla", "gated", "rnn")
 GATE_INPUTS = ("hidden+prev", "hidden")
 GATE_ACTIVATIONS = ("sigmoid", "identity")
@@ -163,13 +165,21 @@ class MarkovHeadConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"unknown Markov head kind {self.kind!r}; expected one of {KINDS}")
+            raise OptionError(
+                f"model.drafter.markov_head.kind: unknown Markov head kind {self.kind!r}; expected one of {KINDS}"
+            )
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            raise ValueError(f"Markov head rank must be an integer >= 0 (0 = no head), got {self.rank!r}")
+            raise OptionError(
+                f"model.drafter.markov_head.rank must be an integer >= 0 (0 = no head), got {self.rank!r}"
+            )
         if self.gate_input not in GATE_INPUTS:
-            raise ValueError(f"unknown gate_input {self.gate_input!r}; expected one of {GATE_INPUTS}")
+            raise OptionError(
+                f"model.drafter.markov_head.gate_input: unknown {self.gate_input!r}; expected one of {GATE_INPUTS}"
+            )
         if self.gate_activation not in GATE_ACTIVATIONS:
-            raise ValueError(f"unknown gate_activation {self.gate_activation!r}; expected one of {GATE_ACTIVATIONS}")
+            raise OptionError(
+                f"model.drafter.markov_head.gate_activation: unknown {self.gate_activation!r}; expected one of {GATE_ACTIVATIONS}"
+            )
 
     @classmethod
     def selector(cls, rank: int = 256) -> MarkovHeadConfig:
