@@ -54,6 +54,23 @@ def _load_failure(error: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
+def output_file(path: str | os.PathLike, option: str) -> Path:
+    """``path``, a file a command writes when it ends, checked when it starts: its folder is made now, and a path that
+    is a directory or a folder that cannot be made is refused now, not after the hour of work it would hold."""
+    path = Path(path)
+    if path.is_dir():
+        raise OptionError(f"{option} {str(path)!r} is a directory; expected a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OptionError(
+            f"{option} {str(path)!r}: cannot create its folder {str(path.parent)!r} ({error.strerror})"
+        ) from None
+    if not os.access(path.parent, os.W_OK):
+        raise OptionError(f"{option} {str(path)!r}: its folder {str(path.parent)!r} is not writable")
+    return path
+
+
 def non_finite_names(tensors: Mapping[str, Any]) -> list[str]:
     """Names of the floating-point tensors in ``tensors`` that hold NaN or infinity."""
     return [

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from jsonargparse.typing import PositiveInt
 
-from dspark_lightning.checks import check_finite_state, dumps_json, read_checkpoint
+from dspark_lightning.checks import check_finite_state, dumps_json, output_file, read_checkpoint
 from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.evaluation.calibration import fit_sequential_temperatures
 from dspark_lightning.evaluation.loading import load_trained
@@ -38,6 +38,7 @@ def calibrate_command(
     output = output or str(Path(ckpt_path).with_suffix(".calibrated.ckpt"))
     if Path(output).exists() and not overwrite:  # checked first: --output may name the training checkpoint itself
         raise FileExistsError(f"--output {output!r} exists: pass --overwrite true to replace it")
+    output_file(output, "--output")  # a folder that cannot be written is refused before the fit, not after
     module, data = load_trained(ckpt_path)
     if module.drafter.confidence_head is None:
         raise UnsupportedError(f"--ckpt_path {ckpt_path!r}: this drafter has no confidence head, nothing to calibrate")

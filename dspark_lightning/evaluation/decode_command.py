@@ -20,7 +20,7 @@ from typing import Literal
 
 from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_number_type
 
-from dspark_lightning.checks import dumps_json
+from dspark_lightning.checks import dumps_json, output_file
 from dspark_lightning.data.eval_sets import EvalSetName
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
@@ -98,6 +98,8 @@ def decode_command(
     """
     if eval_sets and check_identity:
         raise OptionError("--eval_sets and --check_identity: choose one (identity replays the validation prompts)")
+    json = output_file(json, "--json") if json else None  # checked now: the results are written only at the end
+    gap_table = output_file(gap_table, "--gap_table") if gap_table else None
     max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
     head = module.drafter.markov_head
@@ -169,7 +171,6 @@ def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap
             references.append((encoded.input_ids, encoded.loss_mask))
         # every reply position is an anchor (stride 1): the per-position mean with the least noise
         table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))
-        Path(gap_table).parent.mkdir(parents=True, exist_ok=True)
         Path(gap_table).write_text(table)
         print(table)
     bad = [row for row in rows if not row["ok"]]

@@ -315,3 +315,26 @@ def test_calibrating_a_drafter_without_a_confidence_head_is_a_one_line_error(tmp
     with pytest.raises(UnsupportedError, match=r"last\.ckpt': this drafter has no confidence head, nothing to calib"):
         cli_main(["calibrate", f"--ckpt_path={trained}"])
     assert not list(tmp_path.rglob("*.calibrated.ckpt"))
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before the output path was checked")
+
+    monkeypatch.setattr("dspark_lightning.evaluation.decode_command.load_trained", never)
+    monkeypatch.setattr("dspark_lightning.evaluation.calibrate_command.load_trained", never)
+    with pytest.raises(OptionError, match=r"--json .*a-file/rows\.json': cannot create its folder .*a-file'"):
+        cli_main(["decode", "--ckpt_path=unused.ckpt", f"--json={blocker / 'rows.json'}"])
+    with pytest.raises(OptionError, match=r"--gap_table .* is a directory; expected a file path"):
+        cli_main(["decode", "--ckpt_path=unused.ckpt", "--check_identity=true", f"--gap_table={tmp_path}"])
+    with pytest.raises(OptionError, match=r"--output .*a-file/cal\.ckpt': cannot create its folder"):
+        cli_main(["calibrate", "--ckpt_path=unused.ckpt", f"--output={blocker / 'cal.ckpt'}"])
+
+
+def test_decode_makes_the_folder_of_its_json(checkpoint, tmp_path):
+    rows_file = tmp_path / "not" / "yet" / "rows.json"
+    cli_main(["decode", f"--ckpt_path={checkpoint}", "--modes=[parallel]", "--num_prompts=1", f"--json={rows_file}"])
+    assert json.loads(rows_file.read_text())[0]["mode"] == "parallel"
