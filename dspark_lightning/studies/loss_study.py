@@ -40,6 +40,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.data.eval_sets import EvalSetName, check_eval_sets
+from dspark_lightning.errors import OptionError
 from dspark_lightning.evaluation.eval_set_decoding import DEFAULT_MAX_NEW_TOKENS
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.demo_report import Budget, train_and_evaluate
@@ -86,7 +87,7 @@ class EvalSetPlan:
 def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
     """The ``fit`` arguments that select the loss (its config file), the seed and, optionally, D-PACE weighting."""
     if loss not in LOSS_CONFIGS:
-        raise ValueError(f"unknown loss {loss!r} for the study; choose from {', '.join(LOSS_CONFIGS)}")
+        raise OptionError(f"--losses: unknown loss {loss!r} for the study; choose from {', '.join(LOSS_CONFIGS)}")
     args = [
         f"--config={REPO_ROOT / 'configs/losses' / LOSS_CONFIGS[loss]}.yaml",
         f"--seed_everything={seed}",
@@ -152,7 +153,7 @@ def run_study(
     for loss in losses:
         loss_fit_args(loss, 0)  # unknown names fail before any training
     if not seeds:
-        raise ValueError("seeds must name at least one seed")
+        raise OptionError("--seeds must name at least one seed")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     log_file = output / "log.txt"

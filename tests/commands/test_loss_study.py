@@ -10,6 +10,7 @@ import pytest
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data import eval_sets
 from dspark_lightning.data.eval_sets import EvalSetError
+from dspark_lightning.errors import OptionError
 from dspark_lightning.studies import loss_study, loss_study_results
 from dspark_lightning.studies.runs import REPO_ROOT
 
@@ -91,9 +92,9 @@ def test_aggregate_and_significance_rule():
 
 
 def test_unknown_loss_or_no_seed_fails_before_training(tmp_path):
-    with pytest.raises(ValueError, match="unknown loss 'jsd'"):
+    with pytest.raises(OptionError, match="--losses: unknown loss 'jsd'"):  # one line naming the option, exit 2
         loss_study.run_study(tmp_path, losses=["kl", "jsd"])
-    with pytest.raises(ValueError, match="seeds"):
+    with pytest.raises(OptionError, match="--seeds"):
         loss_study.run_study(tmp_path, losses=["kl"], seeds=[])
     assert not (tmp_path / "log.txt").exists()
 
