@@ -30,6 +30,7 @@ from pathlib import Path
 
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_warn
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
@@ -72,6 +73,11 @@ class DSparkCLI(LightningCLI):
         """Lightning replaces the model config by the checkpoint's hyper-parameters; refuse when that changes any."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path and subcommand in ("validate", "test"):  # legal (an untrained baseline), rarely meant
+            rank_zero_warn(
+                f"{subcommand} without --ckpt_path measures the drafter as initialised, untrained; pass "
+                "--ckpt_path runs/<name>/version_N/checkpoints/last.ckpt to measure a trained one"
+            )
         if not ckpt_path or (ckpt_path in ("last", "best", "hpc", "registry") and not os.path.exists(ckpt_path)):
             return super()._parse_ckpt_path()
         checkpoint = read_checkpoint(ckpt_path)

@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -107,6 +108,14 @@ def test_fit_then_validate_from_checkpoint(fitted_run):
     assert float(old.trainer.callback_metrics["val/tau"]) == pytest.approx(tau_fit, rel=1e-5)
     # four runs with one config: four version directories, no "config.yaml exists" failure
     assert len(list((run_dir / "run").glob("version_*"))) == 4
+    # validating without a checkpoint is legal (an untrained baseline) but said out loud; with one it is not
+    untrained = "validate without --ckpt_path measures the drafter as initialised"
+    with pytest.warns(UserWarning, match=untrained):
+        cli_main(["validate", *small_run_args(run_dir, 6)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli_main(["validate", *small_run_args(run_dir, 6), f"--ckpt_path={ckpt}"])
+    assert not [w for w in caught if untrained in str(w.message)]
 
 
 def old_flat_hparams(grouped: dict) -> dict:
