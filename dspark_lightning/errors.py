@@ -6,6 +6,10 @@ The command line prints such an error as one line naming the file, option or rec
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+
 
 class UserError(Exception):
     """Base of the errors a user fixes by changing a file, an option or a record (never a bug in this package)."""
@@ -17,3 +21,25 @@ class OptionError(UserError, ValueError):
 
 class UnsupportedError(UserError, ValueError):
     """What was asked for is well formed but cannot be done: its message names what stands in the way."""
+
+
+class LoadError(UserError, OSError):
+    """A model, tokenizer or dataset that cannot be loaded from the path or hub id given: offline without a cached
+    copy, a misspelt id, a gated repository without a token, or a local folder missing its files."""
+
+
+@contextlib.contextmanager
+def loading(option: str, name: str) -> Iterator[None]:
+    """Turn the ``OSError`` (unreachable, missing files) or ``ValueError`` (a folder that is no model: "Unrecognized
+    model") of a Hugging Face load of ``name``, given as ``option``, into a one-line ``LoadError`` naming both, with
+    the library's own first line: its traceback ran to 40 lines of hub internals."""
+    try:
+        yield
+    except (OSError, ValueError) as error:
+        if isinstance(error, UserError):
+            raise
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else type(error).__name__
+        exists = os.path.exists(os.path.expanduser(str(name)))
+        hint = "" if exists else " (a hub id needs the network or a copy in the Hugging Face cache; a path must exist)"
+        raise LoadError(f"{option} {str(name)!r} cannot be loaded: {first.rstrip('.')}{hint}") from error

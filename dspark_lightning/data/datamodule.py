@@ -44,7 +44,7 @@ from dspark_lightning.data.reports import DataReports
 from dspark_lightning.data.sharegpt import Conversation, DataSource, IdSplit, iter_conversations, resolve_source
 from dspark_lightning.data.stream import PackedConversationStream, open_record_stream, raw_record_from_example
 from dspark_lightning.data.tokenize import ConversationEncoder, resolve_mask_token, resolve_pad_token_id
-from dspark_lightning.errors import OptionError
+from dspark_lightning.errors import OptionError, loading
 
 logger = logging.getLogger(__name__)
 
@@ -156,9 +156,8 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
                     f"tokenizer / target {name!r} does not exist (data.tokenizer, linked from model.target.path): "
                     "give an existing model directory or a hub id"
                 )
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                self.tokenizer_name, trust_remote_code=self.trust_remote_code
-            )
+            with loading("--data.tokenizer (linked from --model.target.path)", name):
+                self._tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
     @property

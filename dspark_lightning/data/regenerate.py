@@ -53,7 +53,7 @@ from dspark_lightning.data.regenerate_completion import (
 )
 from dspark_lightning.data.shard_writer import ResumableShardWriter, to_sharegpt
 from dspark_lightning.data.sharegpt import IdSplit, InvalidRecord, conversation_id, resolve_source, to_conversation
-from dspark_lightning.errors import OptionError
+from dspark_lightning.errors import OptionError, loading
 from dspark_lightning.progress import progress_bar, stop_on_sigterm
 
 __all__ = ["GreedyRegenerator", "ResumableShardWriter", "read_conversations", "regenerate", "regenerate_command"]
@@ -65,7 +65,8 @@ def read_raw_records(data: str | Sequence[str]) -> Iterable[RawRecord]:
     if source.is_hub:
         from datasets import load_dataset
 
-        rows = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
+        with loading("--data", source.hub_id):
+            rows = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
         return (RawRecord(row, source.describe(), None) for row in rows)
     return iter_local_records(limit_shards(source.files, None))
 
@@ -207,7 +208,8 @@ def regenerate(
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+        with loading("--target", target):
+            tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
     data_format = regenerate_format(format, tokenizer, target)  # before the model loads: never an invented template
     if data_format == "completion" and max_turns is not None:
         raise OptionError("--max_turns counts chat replies; --format completion writes one continuation per prompt")
@@ -219,7 +221,8 @@ def regenerate(
     if model is None:
         torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(dtype)
         torch_dtype = torch_dtype or getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        with loading("--target", target):
+            model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         model = model.to(device).eval()
     if not 0 <= job_index < num_jobs:
         raise ValueError(f"job_index must be in [0, {num_jobs}), got {job_index}")

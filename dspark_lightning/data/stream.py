@@ -27,6 +27,7 @@ from dspark_lightning.data.sharegpt import (
     SkipExamples,
 )
 from dspark_lightning.data.tokenize import ConversationEncoder, SequencePacker
+from dspark_lightning.errors import loading
 
 
 def _local_examples(shards: list[tuple[str, int | None]], max_record_bytes: int) -> Iterator[dict[str, Any]]:
@@ -46,7 +47,8 @@ def open_record_stream(
 ) -> IterableDataset:
     """A streaming ``datasets.IterableDataset`` over the raw records of ``source`` (first ``limit`` if given)."""
     if source.is_hub:
-        stream = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
+        with loading("hub dataset", source.hub_id):
+            stream = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
         return stream.take(limit) if limit is not None else stream
     shards = limit_shards(source.files, limit)
     return IterableDataset.from_generator(

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dspark_lightning.errors import loading
 from dspark_lightning.models.backbone import default_target_layer_ids
 
 
@@ -46,15 +47,10 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype | str = "auto", trust_r
     from transformers import AutoModelForCausalLM
 
     kwargs.setdefault("attn_implementation", "sdpa")
-    try:
+    with loading("target", name_or_path):  # a one-line error naming it: unreachable, or no model in the folder
         return AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
         )
-    except OSError as error:
-        raise OSError(
-            f"could not load target model {name_or_path!r}: give a local directory with config.json and weights, "
-            f"or a Hugging Face hub id reachable from this machine ({error})"
-        ) from error
 
 
 def resolve_target_layer_ids(num_layers: int, target_layer_ids: list[int] | None, num_draft_layers: int) -> list[int]:
@@ -185,7 +181,8 @@ class TargetHeads(nn.Module):
         from safetensors import safe_open
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        with loading("target", name_or_path):
+            config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         embedding, head = skeleton.get_input_embeddings().weight, skeleton.get_output_embeddings().weight

@@ -36,6 +36,7 @@ from dspark_lightning.data.cache import (
 )
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
+from dspark_lightning.errors import loading
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, final_logit_softcap, load_causal_lm
 from dspark_lightning.models.teacher import full_vocab_stats
@@ -77,7 +78,8 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     from safetensors.torch import save_file  # deferred: only the writer needs it, not `--help`
     from transformers import AutoConfig  # deferred: heavy import
 
-    config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
+    with loading("--target", args.target):
+        config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     layer_ids = args.layers or default_target_layer_ids(config.num_hidden_layers, args.num_draft_layers)
     datamodule = ShareGPTDataModule(
         tokenizer=args.target,

@@ -21,7 +21,7 @@ from helpers.hostile import DEADLINE_S, ROOT, fit_args
 
 from dspark_lightning.checks import NonFiniteError, dumps_json
 from dspark_lightning.cli import cli_main, main
-from dspark_lightning.errors import OptionError, UnsupportedError
+from dspark_lightning.errors import LoadError, OptionError, UnsupportedError
 from dspark_lightning.lightning.run_dirs import claim_version_dir
 
 # fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
@@ -338,3 +338,41 @@ def test_decode_makes_the_folder_of_its_json(checkpoint, tmp_path):
     rows_file = tmp_path / "not" / "yet" / "rows.json"
     cli_main(["decode", f"--ckpt_path={checkpoint}", "--modes=[parallel]", "--num_prompts=1", f"--json={rows_file}"])
     assert json.loads(rows_file.read_text())[0]["mode"] == "parallel"
+
+
+@pytest.fixture
+def hub_offline(monkeypatch):
+    """The Hub unreachable at once (as offline, without a cached copy), whatever this machine's network does."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["fit", "--model.target.path=nobody/no-model"], "--data.tokenizer (linked from --model.target.path) 'nobody/"),
+        (["fit", "--data.train_files=nobody/no-data"], "hub dataset 'nobody/no-data'"),
+        (["cache", f"--data={hostile.TRAIN}", "--output=unused", "--target=nobody/no-model"], "--target 'nobody/"),
+        (["regenerate", f"--target={hostile.TARGET}", "--output=unused", "--data=nobody/no-data"], "--data 'nobody/"),
+    ],
+)
+def test_an_unreachable_hub_id_is_one_line_naming_the_option(argv, named, hub_offline, tmp_path, monkeypatch, capsys):
+    if argv[0] == "fit":
+        argv = ["fit", *fit_args(tmp_path), *argv[1:]]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["dspark-lightning", *argv])
+    assert main() == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith(f"dspark-lightning: error: {named}") and "cannot be loaded" in line, line
+    assert "a hub id needs the network or a copy in the Hugging Face cache" in line
+
+
+def test_a_local_target_folder_without_its_files_is_named_without_the_hub_hint(tmp_path):
+    empty = tmp_path / "empty-target"
+    empty.mkdir()
+    with pytest.raises(LoadError, match=rf"--target '{re.escape(str(empty))}' cannot be loaded: ") as error:
+        cli_main(["cache", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'out'}", f"--target={empty}"])
+    assert "hub id" not in str(error.value)
