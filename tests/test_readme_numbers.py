@@ -748,6 +748,25 @@ PROSE = {
         ],
         context=["24 prompts", "2,400-step", "above 1.0"],
     ),
+    "**Where it stands**": Figures(
+        claims=[
+            ("runs at **{}×** [{}, {}]\nof `generate` on sharegpt_heldout",
+             pays(P2400, "sharegpt_heldout", True, "speedup", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 1, path=PACKED_HEAD)),
+            ("runs at {}× [{}, {}]: not met",
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 1, path=PACKED_HEAD)),
+            ("{} [{}, {}] on sharegpt_heldout and {}\n[{}, {}] on humaneval verifying whole blocks",
+             *(pays(P2400, name, False, key, *index, path=PACKED_HEAD)
+               for name in ("sharegpt_heldout", "humaneval")
+               for key, *index in (("measured_tau",), ("measured_tau_ci", 0), ("measured_tau_ci", 1)))),
+            ("near {} × 10¹⁰ training tokens", study_fit("sharegpt_heldout", "tokens_for_target", 1e10, ".1f")),
+        ],
+        context=["#28", "2,400 steps on 3,000", "2 threads", "24 prompts × 128 tokens", "the 2.0 and 2.5 targets",
+                 "puts 2.0", "HumanEval's 2.5"],
+    ),
     "**What moves tau per CPU hour**": Figures(
         claims=[
             ("instead of 32 adds **{}** [{}, {}] on sharegpt_heldout and {} on humaneval",
