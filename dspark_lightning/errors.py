@@ -41,5 +41,8 @@ def loading(option: str, name: str) -> Iterator[None]:
         text = str(error).strip()
         first = text.splitlines()[0] if text else type(error).__name__
         exists = os.path.exists(os.path.expanduser(str(name)))
-        hint = "" if exists else " (a hub id needs the network or a copy in the Hugging Face cache; a path must exist)"
+        # "targets/smollm2" reads as a hub id too: say both, so a folder not made yet is not taken for a network fault
+        hint = (
+            "" if exists else " (no such local folder; as a hub id it needs the network or a Hugging Face cache copy)"
+        )
         raise LoadError(f"{option} {str(name)!r} cannot be loaded: {first.rstrip('.')}{hint}") from error

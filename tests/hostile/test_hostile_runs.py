@@ -367,7 +367,7 @@ def test_an_unreachable_hub_id_is_one_line_naming_the_option(argv, named, hub_of
     assert main() == 2
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith(f"dspark-lightning: error: {named}") and "cannot be loaded" in line, line
-    assert "a hub id needs the network or a copy in the Hugging Face cache" in line
+    assert "(no such local folder; as a hub id it needs the network or a Hugging Face cache copy)" in line
 
 
 def test_a_local_target_folder_without_its_files_is_named_without_the_hub_hint(tmp_path):
