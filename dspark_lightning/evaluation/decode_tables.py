@@ -58,6 +58,7 @@ def decode_table(
     baseline=False,
     packed_verify=False,
     progress: str | None = None,
+    on_rows=None,
 ):
     """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
 
@@ -66,6 +67,7 @@ def decode_table(
     measurement's spread (``NOISE_KEYS``). Each row keeps its per-prompt measurements (``prompt_records``, the input
     of ``summarize_eval_set``); a prompt with no verify step (its first token ended it) has no tau and is counted in
     ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
+    ``on_rows``: called with the rows so far after each one (``decode --json`` keeps what an interrupted run measured).
     """
     timed = baseline and temperature == 0
     total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed, packed_verify)
@@ -86,6 +88,8 @@ def decode_table(
                 else:
                     row = _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance)
                 rows.append(dict(mode=mode, threshold=threshold, **row))
+                if on_rows is not None:
+                    on_rows(rows)
     return rows
 
 

@@ -35,19 +35,27 @@ def measure_eval_sets(
     packed_verify: bool = False,
     heldout_files: str | None = None,
     heldout_split: dict[str, float] | None = None,
+    on_rows=None,
 ) -> list[dict]:
-    """One row per (set, mode, schedule): the decode row and the set's summary with 95% intervals over prompts."""
+    """One row per (set, mode, schedule): the decode row and the set's summary with 95% intervals over prompts.
+    ``on_rows``: called with every set's rows so far after each row (a partial ``--json`` that survives a stop)."""
     rows = []
     for name in names:
         prompts = datamodule_prompt_ids(data, name, limit, heldout_files, heldout_split)
         timed = baseline and temperature == 0
         _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed, packed_verify)
         print(f"eval set {name}: {plan}", flush=True)
-        for row in decode_table(
-            module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
-            packed_verify=packed_verify, progress=f"eval set {name}",
-        ):  # fmt: skip
+
+        def finished(set_rows: list[dict], name: str = name) -> None:
+            row = set_rows[-1]
             rows.append(row | summarize_eval_set(name, row["prompt_records"]) | {"max_new_tokens": max_new_tokens})
+            if on_rows is not None:
+                on_rows(rows)
+
+        decode_table(
+            module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
+            packed_verify=packed_verify, progress=f"eval set {name}", on_rows=finished,
+        )  # fmt: skip
     return rows
 
 

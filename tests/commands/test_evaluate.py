@@ -191,3 +191,29 @@ def test_a_checkpoint_that_does_not_match_its_hyper_parameters_is_a_clear_error(
         OptionError, match=rf"edited\.ckpt does not match the drafter .*missing \['{re.escape(dropped)}'"
     ):
         cli_main(["decode", f"--ckpt_path={edited}"])
+
+
+def test_decode_json_keeps_the_rows_finished_before_a_stop(trained_checkpoint, tmp_path, monkeypatch):
+    from dspark_lightning.evaluation import decode_tables
+
+    measured, real = [], decode_tables._untimed_row
+
+    def stop_at_the_third_row(*args, **kwargs):
+        if len(measured) == 2:
+            raise KeyboardInterrupt  # Ctrl-C (or a scheduler's kill) during the third (set, mode) row
+        measured.append(real(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(decode_tables, "_untimed_row", stop_at_the_third_row)
+    out = tmp_path / "rows.json"
+    args = ["decode", f"--ckpt_path={trained_checkpoint}", "--modes=[parallel,markov]", "--baseline=false"]
+    with pytest.raises(KeyboardInterrupt):
+        cli_main([*args, "--eval_sets=[sharegpt_heldout,humaneval]", "--eval_set_limit=2", "--max_new_tokens=8",
+                  f"--json={out}"])  # fmt: skip
+    rows = json.loads(out.read_text())  # the first set's two rows, whole, with their intervals
+    assert [(row["eval_set"], row["mode"]) for row in rows] == [
+        ("sharegpt_heldout", "parallel"),
+        ("sharegpt_heldout", "markov"),
+    ]
+    assert [row["prompt_records"] for row in rows] == [m["prompt_records"] for m in measured]  # the measured runs
+    assert not list(tmp_path.glob(".*partial"))  # no staging file left behind
