@@ -71,6 +71,26 @@ def output_file(path: str | os.PathLike, option: str) -> Path:
     return path
 
 
+def usable_device(device: str | None, option: str = "--device") -> str:
+    """``device`` (default: cuda when visible, else cpu), refused now when this machine cannot run it: torch's own
+    answer (an ``AssertionError`` from deep inside the model's ``.to``) names neither the option nor the fix."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device)
+    except RuntimeError as error:
+        raise OptionError(f"{option} {device!r} is not a torch device: {error}") from None
+    if kind.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(
+            f"{option} {device!r}: no CUDA device is visible to this torch ({torch.__version__}); use cpu"
+        )
+    if kind.type == "cuda" and kind.index is not None and kind.index >= torch.cuda.device_count():
+        raise OptionError(f"{option} {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if kind.type == "mps" and not torch.backends.mps.is_available():
+        raise OptionError(f"{option} {device!r}: MPS is not available on this machine; use cpu")
+    return device
+
+
 def non_finite_names(tensors: Mapping[str, Any]) -> list[str]:
     """Names of the floating-point tensors in ``tensors`` that hold NaN or infinity."""
     return [

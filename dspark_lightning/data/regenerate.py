@@ -41,6 +41,7 @@ from typing import Any, Literal
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
+from dspark_lightning.checks import usable_device
 from dspark_lightning.data.greedy import eos_token_ids, greedy_new_tokens, pad_token_id
 from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
 from dspark_lightning.data.regenerate_completion import (
@@ -203,10 +204,12 @@ def regenerate(
     conversation's code prompt asked in HumanEval's chat form instead (``code_chat_prompts``)."""
     id_split = IdSplit.from_fractions(split_by_id)
     if split not in ("train", "validation", "test"):
-        raise ValueError(f"split must be train, validation or test, got {split!r}")
+        raise OptionError(f"--split must be train, validation or test, got {split!r}")
+    if not 0 <= job_index < num_jobs:  # checked before the model loads
+        raise OptionError(f"--job_index must be in [0, {num_jobs}), got {job_index}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = usable_device(device)  # refused before the model loads
     if tokenizer is None:
         with loading("--target", target):
             tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
@@ -224,8 +227,6 @@ def regenerate(
         with loading("--target", target):
             model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         model = model.to(device).eval()
-    if not 0 <= job_index < num_jobs:
-        raise ValueError(f"job_index must be in [0, {num_jobs}), got {job_index}")
     base = f"{split}-"
     prefix = base if num_jobs == 1 else f"{base}{job_index:03d}of{num_jobs:03d}-"
     writer = ResumableShardWriter(output, shard_size, prefix)

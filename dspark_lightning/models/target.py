@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dspark_lightning.errors import loading
+from dspark_lightning.errors import OptionError, loading
 from dspark_lightning.models.backbone import default_target_layer_ids
 
 
@@ -59,7 +59,11 @@ def resolve_target_layer_ids(num_layers: int, target_layer_ids: list[int] | None
         return default_target_layer_ids(num_layers, num_draft_layers)
     for layer_id in target_layer_ids:
         if not 0 <= layer_id < num_layers:
-            raise ValueError(f"target layer id {layer_id} out of range for a {num_layers}-layer target")
+            raise OptionError(
+                f"target layer id {layer_id} out of range for a {num_layers}-layer target "
+                "(model.drafter.target_layer_ids, or cache --layers: ids 0.."
+                f"{num_layers - 1})"
+            )
     return list(target_layer_ids)
 
 

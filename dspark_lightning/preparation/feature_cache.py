@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
+from dspark_lightning.checks import usable_device
 from dspark_lightning.data.accounting import NoTrainableDataError
 from dspark_lightning.data.cache import (
     CACHE_FORMAT,
@@ -36,7 +37,7 @@ from dspark_lightning.data.cache import (
 )
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
-from dspark_lightning.errors import loading
+from dspark_lightning.errors import OptionError, loading
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, final_logit_softcap, load_causal_lm
 from dspark_lightning.models.teacher import full_vocab_stats
@@ -131,7 +132,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     if done:
         log(f"resuming: {done} samples in {len(index['shards'])} finished shards are kept")
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = usable_device(args.device)
     load_kwargs = {"device_map": args.device_map} if args.device_map else {}
     compute_dtype = "auto" if args.target_dtype == "auto" else getattr(torch, args.target_dtype)
     model = load_causal_lm(args.target, compute_dtype, args.trust_remote_code, **load_kwargs)
@@ -253,7 +254,9 @@ def cache_command(
         format: the records' format, as data.format: chat, completion (base models) or auto (docs/data.md §1.5)
     """
     if not 0 <= job_index < num_jobs:
-        raise SystemExit(f"--job_index must be in [0, {num_jobs}), got {job_index}")
+        raise OptionError(f"--job_index must be in [0, {num_jobs}), got {job_index}")
+    if not device_map:
+        usable_device(device)  # refused before the data is read and the target loads
     settings = dict(locals())
     settings["data"] = [data] if isinstance(data, str) else list(data)  # the resume check compares lists
     return write_cache(argparse.Namespace(**settings))

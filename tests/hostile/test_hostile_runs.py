@@ -376,3 +376,33 @@ def test_a_local_target_folder_without_its_files_is_named_without_the_hub_hint(t
     with pytest.raises(LoadError, match=rf"--target '{re.escape(str(empty))}' cannot be loaded: ") as error:
         cli_main(["cache", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'out'}", f"--target={empty}"])
     assert "hub id" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--job_index=3", "--num_jobs=2"], r"--job_index must be in \[0, 2\), got 3"),
+        (["--device=cuda"], r"--device 'cuda': no CUDA device is visible to this torch .*; use cpu"),
+        (["--device=gpu"], r"--device 'gpu' is not a torch device"),
+    ],
+)
+@pytest.mark.parametrize("command", ["cache", "regenerate"])
+def test_cache_and_regenerate_refuse_a_bad_job_or_device_before_loading(command, extra, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a GPU machine
+
+    def never(*args, **kwargs):
+        raise AssertionError("the target was loaded before the options were checked")
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", never)
+    argv = [command, f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'out'}", *extra]
+    with pytest.raises(OptionError, match=message):
+        cli_main(argv)
+
+
+def test_a_target_layer_out_of_range_names_both_options(tmp_path):
+    with pytest.raises(OptionError, match=r"target layer id 9 out of range for a 4-layer target \(model\.drafter"):
+        cli_main(["fit", *fit_args(tmp_path), "--model.drafter.target_layer_ids=[0,9]"])
+    with pytest.raises(OptionError, match=r"or cache --layers: ids 0\.\.3\)"):
+        cli_main(
+            ["cache", f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path}/c", "--layers=[7]"]
+        )
