@@ -23,6 +23,11 @@ class UnsupportedError(UserError, ValueError):
     """What was asked for is well formed but cannot be done: its message names what stands in the way."""
 
 
+class MissingPackageError(UserError, ModuleNotFoundError):
+    """A Python package the user named (``pkg:NAME``) or a command needs is not installed: the message says what to
+    install."""
+
+
 class LoadError(UserError, OSError):
     """A model, tokenizer or dataset that cannot be loaded from the path or hub id given: offline without a cached
     copy, a misspelt id, a gated repository without a token, or a local folder missing its files."""
@@ -41,6 +46,8 @@ def loading(option: str, name: str) -> Iterator[None]:
         text = str(error).strip()
         first = text.splitlines()[0] if text else type(error).__name__
         exists = os.path.exists(os.path.expanduser(str(name)))
+        if not exists and str(name).startswith((".", "/", "~")):  # a path, never a hub id: the hub's reason misleads
+            raise LoadError(f"{option} {str(name)!r} does not exist") from error
         # "targets/smollm2" reads as a hub id too: say both, so a folder not made yet is not taken for a network fault
         hint = (
             "" if exists else " (no such local folder; as a hub id it needs the network or a Hugging Face cache copy)"

