@@ -157,7 +157,8 @@ def main() -> int:
     gave (printed as one line; ``DSPARK_DEBUG=1`` shows its traceback), a traceback for anything else."""
     try:
         cli_main()
-    except (UserError, FileNotFoundError) as error:  # a missing file or directory is always one the user named
+    # a missing file, or one in the way of an output, is always one the user named
+    except (UserError, FileNotFoundError, FileExistsError) as error:
         if os.environ.get("DSPARK_DEBUG") == "1":
             raise
         print(f"dspark-lightning: error: {error} (DSPARK_DEBUG=1 shows the traceback)", file=sys.stderr)

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 import torch
 
+from dspark_lightning.errors import OptionError
+
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -19,5 +21,5 @@ def torch_dtype(name: str | torch.dtype, allowed: Iterable[str] = DTYPES, what: 
     if isinstance(name, torch.dtype) and name in {DTYPES[a] for a in allowed}:
         return name
     if name not in allowed:
-        raise ValueError(f"{what} must be one of {sorted(allowed)}, got {name!r}")
+        raise OptionError(f"{what} must be one of {sorted(allowed)}, got {name!r}")
     return DTYPES[name]

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dspark_lightning.errors import OptionError
+
 
 def record_id(record: Any) -> str | None:
     """The record's own ``id`` (str or int) if it has one."""
@@ -46,7 +48,7 @@ class IdSplit:
 
     def __post_init__(self) -> None:
         if not (0 <= self.validation and 0 <= self.test and self.validation + self.test < 1):
-            raise ValueError(f"split_by_id fractions must be >= 0 and sum to < 1, got {self}")
+            raise OptionError(f"split_by_id fractions must be >= 0 and sum to < 1, got {self}")
 
     @classmethod
     def from_fractions(cls, fractions: dict[str, float] | None) -> IdSplit | None:

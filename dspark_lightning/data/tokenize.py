@@ -33,6 +33,7 @@ import torch
 
 from dspark_lightning.data.records import RawRecord
 from dspark_lightning.data.sharegpt import Conversation, DataFormatError, InvalidRecord, to_conversation
+from dspark_lightning.errors import OptionError
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,9 @@ def resolve_mask_token(tokenizer: Any, mask_token: str | None, name: str) -> tup
         )
     token_id = tokenizer.convert_tokens_to_ids(token)
     if token_id is None or token_id == tokenizer.unk_token_id:
-        raise ValueError(f"tokenizer {name!r} has no mask token {token!r}; pass mask_token=<an unused token>")
+        raise OptionError(
+            f"data.mask_token: tokenizer {name!r} has no token {token!r}; pass mask_token=<an unused token of its vocabulary>"
+        )
     return token, int(token_id)
 
 

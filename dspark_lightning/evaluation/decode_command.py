@@ -112,7 +112,9 @@ def decode_command(
         print(f"skipping modes {skipped}: the drafter's Markov head does not support them")
     prompts = [] if eval_sets else data.eval_prompts()[:num_prompts]
     if not prompts and not eval_sets:
-        raise ValueError("no eval prompt: the validation data has no valid conversation with a user prompt")
+        raise OptionError(
+            "--val_files (default: the checkpoint's data.val_files): no valid conversation with a user prompt to decode"
+        )
     # --json holds every finished row from the first on: an interrupted decode keeps what it measured
     save = (lambda rows: write_json(json, rows)) if json else None  # noqa: E731
     if check_identity:

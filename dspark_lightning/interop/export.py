@@ -20,6 +20,7 @@ from jsonargparse.typing import PositiveInt
 from safetensors.torch import save_file
 
 from dspark_lightning import checks
+from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.interop.speculators_format import (
     CONFIG_NAME,
     DFLASH2_FORM,
@@ -42,9 +43,9 @@ def exported_tensors(
     dtype = _dtype(dtype)
     head = drafter.markov_head
     if candidate_selector and _gate_form(head) != DFLASH2_FORM:
-        raise ValueError(
-            "candidate_selector=True needs a DFlash-2 form Markov head (kind 'gated', gate_input 'hidden', "
-            f"gate_activation 'identity'); this drafter has {head!r}"
+        raise UnsupportedError(
+            "--candidate_selector true needs a DFlash-2 form Markov head (kind 'gated', gate_input 'hidden', "
+            f"gate_activation 'identity'); this drafter has {_gate_form(head) or 'no Markov head'}"
         )
     tensors = {}
     for name, tensor in drafter.state_dict().items():

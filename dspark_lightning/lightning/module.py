@@ -45,6 +45,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from dspark_lightning.data.cache import TEACHER_STAT_FIELDS, load_cache_indexes
 from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.dtypes import DTYPES, torch_dtype
+from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.config import GROUPS, LossArgs, TargetArgs, TrainingArgs, as_group, as_hparams
 from dspark_lightning.lightning.frozen_state import TrainableStateCheckpoints
 from dspark_lightning.lightning.guards import NonFiniteGuard
@@ -120,26 +121,34 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         self.val_coverage = AnchorCoverage()
         self.last_validation: dict[str, torch.Tensor] = {}
         if loss.candidate_weight > 0 and "selector" not in supported_modes(self.drafter.markov_head):
-            raise ValueError("loss.candidate_weight > 0 needs a vanilla or gated Markov head (the Selector form)")
+            raise OptionError(
+                "model.loss.candidate_weight > 0 needs a vanilla or gated Markov head (the Selector form)"
+            )
 
     def setup(self, stage: str) -> None:
         """Check that the data module's feature cache (if any) was written for this target and these layers."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        if stage == "fit" and self.drafter_config.attention_backend == "flex" and device.type == "cpu":
+            raise OptionError(  # torch's own error comes at the first backward, from deep inside autograd
+                "model.drafter.attention_backend flex has no backward on CPU: train with sdpa (or auto, which picks "
+                "flex on CUDA and sdpa elsewhere); decoding and validation may use flex on CPU"
+            )
         cache_for = getattr(datamodule, "cache_for", None)
         caches = [c for c in ((cache_for("train"), cache_for("validation")) if cache_for else ()) if c is not None]
         if self.target_args.features == "cache" and datamodule is not None and cache_for and not caches:
-            raise ValueError("model.target.features is 'cache' but the data module has no data.train_cache/val_cache")
+            raise OptionError("model.target.features is 'cache' but the data module has no data.train_cache/val_cache")
         if not caches:
             return
         for cache in caches:
             meta = load_cache_indexes(cache)[0].meta
             if meta["target_layer_ids"] != self.target.target_layer_ids:
-                raise ValueError(
+                raise OptionError(
                     f"cache {cache} holds target layers {meta['target_layer_ids']} but the drafter reads "
                     f"{self.target.target_layer_ids}: set model.drafter.target_layer_ids {meta['target_layer_ids']}"
                 )
             if meta["hidden_size"] != self.target.hidden_size:
-                raise ValueError(f"cache {cache} was written for hidden size {meta['hidden_size']}, not this target")
+                raise OptionError(f"cache {cache} was written for hidden size {meta['hidden_size']}, not this target")
         if self.target_args.features == "online":
             log.warning("training from a feature cache with the full target loaded: set model.target.features=cache")
 
@@ -283,13 +292,16 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         params = [p for p in self.drafter.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params)
+        try:  # torch checks the values (a negative lr, betas outside [0, 1)) only here, at the first step
+            optimizer = self.optimizer_factory(params)
+        except ValueError as error:
+            raise OptionError(f"model.optimizer: {error}") from None
         if self.scheduler_factory is not None:
             scheduler = self.scheduler_factory(optimizer)
         else:
             total = self.trainer.estimated_stepping_batches
             if not math.isfinite(total):
-                raise ValueError("set trainer.max_steps (the data stream has no length) or give model.scheduler")
+                raise OptionError("set trainer.max_steps (the data stream has no length) or give model.scheduler")
             scheduler = warmup_cosine_schedule(optimizer, self.training_args.lr_warmup_steps, int(total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

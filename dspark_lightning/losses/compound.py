@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dspark_lightning.errors import OptionError
 from dspark_lightning.losses.position_weighting import POSITION_WEIGHTINGS, dpace_weights
 from dspark_lightning.losses.terms import (
     DEFAULT_LK_ETA,
@@ -75,7 +76,7 @@ def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, blo
     if draft_logits.dim() < 2:
         raise ValueError(f"draft_logits must be [..., Vd] with at least 2 dims; got {tuple(draft_logits.shape)}")
     if position_weighting not in POSITION_WEIGHTINGS:
-        raise ValueError(
+        raise OptionError(
             f"position_weighting must be one of {', '.join(POSITION_WEIGHTINGS)}; got {position_weighting!r}"
         )
     lead = draft_logits.shape[:-1]

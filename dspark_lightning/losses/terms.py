@@ -41,6 +41,8 @@ import math
 
 import torch
 
+from dspark_lightning.errors import OptionError
+
 LOSS_NAMES = ("kl", "tv", "ce", "rkl", "js", "nla", "lk_hybrid")
 DEFAULT_LK_ETA = 3.0
 DEFAULT_NLA_ALPHA_MIN = 1e-6
@@ -64,7 +66,7 @@ def validate_spec(spec: dict[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, weight in spec.items():
         if name not in LOSS_NAMES:
-            raise ValueError(f"unknown loss {name!r} in spec; allowed: {', '.join(LOSS_NAMES)}")
+            raise OptionError(f"unknown loss {name!r} in spec (model.loss.weights); allowed: {', '.join(LOSS_NAMES)}")
         try:
             w = float(weight)
         except (TypeError, ValueError):

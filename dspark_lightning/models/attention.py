@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_lightning.errors import OptionError
 from dspark_lightning.models.sparse_attention import GroupedMask, grouped_attention
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
@@ -150,7 +151,7 @@ class DraftAttention(nn.Module):
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+            raise OptionError(f"model.drafter.num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope_theta = rope_theta
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)

@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dspark_lightning.errors import OptionError
+
 
 class DraftVocab(nn.Module):
     """Holds d2t [Vd] and t2d [V] as buffers so they travel with the drafter's state dict."""
@@ -76,7 +78,7 @@ def load_draft_vocab(path: str, verifier_vocab_size: int) -> DraftVocab:
     try:
         tensors = load_file(path)
     except Exception as error:  # noqa: BLE001 - re-raised with the file name
-        raise ValueError(f"could not read draft vocabulary {path!r}: {error}") from error
+        raise OptionError(f"model.drafter.draft_vocab: could not read draft vocabulary {path!r}: {error}") from error
     if "d2t" not in tensors:
         raise ValueError(f"draft vocabulary file {path!r} has no 'd2t' tensor (found {sorted(tensors)})")
     return DraftVocab(tensors["d2t"], verifier_vocab_size)

@@ -35,6 +35,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 from safetensors.torch import save_file
 
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.errors import OptionError
 from dspark_lightning.models.vocab import DraftVocab
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def select_draft_vocab(counts: torch.Tensor, size: int, always_include: Iterable
     V = counts.numel()
     forced = sorted({int(i) for i in always_include})
     if not 1 <= size <= V:
-        raise ValueError(f"draft vocabulary size must be in [1, {V}], got {size}")
+        raise OptionError(f"--size: a draft vocabulary size must be in [1, {V}] (the target's vocabulary), got {size}")
     if any(not 0 <= i < V for i in forced):
         raise ValueError(f"always-included ids {forced} must lie in [0, {V})")
     if len(forced) > size:

@@ -416,3 +416,45 @@ def test_a_missing_package_or_target_folder_is_one_line_naming_it(tmp_path, chec
     missing = tmp_path / "moved-target"  # e.g. a checkpoint's target that was moved, or a mistyped --target
     with pytest.raises(LoadError, match=rf"^target '{re.escape(str(missing))}' does not exist$"):
         cli_main(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", f"--target={missing}"])
+
+
+SWEEP = {  # found by running every command with one wrong value: each was a traceback
+    "split fractions": (["regenerate", "--split_by_id={validation: 1.5}"], "split_by_id fractions must be >= 0"),
+    "draft vocab size": (["draft-vocab", "--size=999999"], "--size: a draft vocabulary size must be in [1, 2048]"),
+    "candidate selector": (["export", "--candidate_selector=true"], "--candidate_selector true needs a DFlash-2 form"),
+    "no eval prompt": (["decode", "--val_files={target}/config.json"], "--val_files (default: the checkpoint's data"),
+    "output exists": (["calibrate", "--output={checkpoint}"], "--output '"),
+    "negative lr": (["fit", "--model.optimizer.init_args.lr=-1"], "model.optimizer: Invalid learning rate: -1.0"),
+    "mask token": (["fit", "--data.mask_token=<nope>"], "data.mask_token: tokenizer '"),
+    "target dtype": (["fit", "--model.target.dtype=int8"], "target.dtype must be one of"),
+    "draft vocab file": (
+        ["fit", "--model.drafter.draft_vocab=/nowhere/v.safetensors"],
+        "model.drafter.draft_vocab: could",
+    ),
+    "flex on cpu": (
+        ["fit", "--model.drafter.attention_backend=flex"],
+        "model.drafter.attention_backend flex has no backward",
+    ),
+    "heads": (["fit", "--model.drafter.num_heads=3"], "model.drafter.num_heads 3 must be a multiple of num_kv_heads"),
+    "cache without caches": (["fit", "--model.target.features=cache"], "model.target.features is 'cache' but"),
+    "unknown loss": (["fit", "--model.loss.weights={bogus: 1.0}"], "unknown loss 'bogus' in spec (model.loss.weights)"),
+}
+
+
+@pytest.mark.parametrize("case", list(SWEEP))
+def test_a_wrong_value_is_one_line_naming_it(case, checkpoint, tmp_path, monkeypatch, capsys):
+    extra, expected = SWEEP[case]
+    fill = lambda arg: arg.replace("{target}", str(hostile.TARGET)).replace("{checkpoint}", str(checkpoint))  # noqa: E731
+    command, extra = extra[0], [fill(arg) for arg in extra[1:]]
+    base = {
+        "fit": fit_args(tmp_path),
+        "regenerate": [f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'out'}"],
+        "draft-vocab": [f"--tokenizer={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path}/v.st"],
+        "export": [f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}"],
+        "decode": [f"--ckpt_path={checkpoint}"],
+        "calibrate": [f"--ckpt_path={checkpoint}"],
+    }[command]
+    monkeypatch.setattr("sys.argv", ["dspark-lightning", command, *base, *extra])
+    assert main() == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"dspark-lightning: error: {expected}"), last
