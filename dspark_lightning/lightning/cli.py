@@ -104,7 +104,10 @@ class DSparkCLI(LightningCLI):
         if self.subcommand in LIGHTNING_COMMANDS:
             checked = ShareGPTDataModule(**self._get(self.config, "data").as_dict())
             checked.check_sources(self.subcommand, configured_only=True)
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            raise (option_error_in_union(error) or error) from None
         if checked is not None and checked.resolved_format is not None:  # from the same options: logged once
             self.datamodule.adopt_format(checked.resolved_format)
 
@@ -129,6 +132,15 @@ class DSparkCLI(LightningCLI):
         parser.link_arguments("model.target.trust_remote_code", "data.trust_remote_code", apply_on="parse")
         parser.link_arguments("model.drafter.block_size", "data.block_size", apply_on="parse")
         parser.link_arguments("data.mask_token_id", "model.drafter.mask_token_id", apply_on="instantiate")
+
+
+def option_error_in_union(error: ValueError) -> OptionError | None:
+    """jsonargparse reports an ``OptionError`` raised inside an ``X | None`` option (the Markov head group) as a
+    union mismatch listing every subtype's error: the one that names a ``model.`` option is the user's."""
+    if not str(error).startswith("Does not validate against any of the Union subtypes"):
+        return None
+    ours = [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip().startswith("- model.")]
+    return OptionError(ours[0]) if ours else None
 
 
 def model_argument_differences(given, from_checkpoint) -> list[tuple[str, object, object]]:

@@ -107,6 +107,10 @@ class TrainingArgs:
 
     def __post_init__(self) -> None:
         _check_choice("training", "anchor_budget", self.anchor_budget, ANCHOR_BUDGETS)
+        if self.lr_warmup_steps < 0:
+            raise OptionError(f"model.training.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
+        if self.val_anchor_stride is not None and self.val_anchor_stride < 1:
+            raise OptionError(f"model.training.val_anchor_stride must be >= 1 (or null), got {self.val_anchor_stride}")
 
 
 GROUPS = {"target": TargetArgs, "drafter": DrafterConfig, "loss": LossArgs, "training": TrainingArgs}

@@ -57,6 +57,8 @@ def resolve_target_layer_ids(num_layers: int, target_layer_ids: list[int] | None
     """The given layer ids, checked against the target's depth, or the default spread over depth."""
     if target_layer_ids is None:
         return default_target_layer_ids(num_layers, num_draft_layers)
+    if not target_layer_ids:
+        raise OptionError("model.drafter.target_layer_ids is empty: name at least one target layer (or null: default)")
     for layer_id in target_layer_ids:
         if not 0 <= layer_id < num_layers:
             raise OptionError(

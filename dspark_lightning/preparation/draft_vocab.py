@@ -60,9 +60,9 @@ def select_draft_vocab(counts: torch.Tensor, size: int, always_include: Iterable
     if not 1 <= size <= V:
         raise OptionError(f"--size: a draft vocabulary size must be in [1, {V}] (the target's vocabulary), got {size}")
     if any(not 0 <= i < V for i in forced):
-        raise ValueError(f"always-included ids {forced} must lie in [0, {V})")
+        raise OptionError(f"--always_include: ids {forced} (with the special tokens) must lie in [0, {V})")
     if len(forced) > size:
-        raise ValueError(f"{len(forced)} always-included ids do not fit a draft vocabulary of {size}")
+        raise OptionError(f"--size {size}: too small for the {len(forced)} always-included ids")
     keys = counts.clone()
     keys[forced] = torch.iinfo(torch.long).max
     order = torch.sort(-keys, stable=True).indices  # stable: equal counts keep ascending id order

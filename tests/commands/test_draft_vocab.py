@@ -34,7 +34,7 @@ def test_selection_is_top_frequency_with_ties_to_lower_ids_and_forced_specials()
     assert vocab.d2t.tolist() == [0, 1, 2, 3, 4, 6, 7] and vocab.t2d.tolist() == [True] * 5 + [False, True, True]
     with pytest.raises(ValueError, match="size"):
         select_draft_vocab(counts, 9)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(ValueError, match="too small for the 2 always-included ids"):
         select_draft_vocab(counts, 1, always_include=[0, 1])
 
 

@@ -309,11 +309,14 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path, checkpoint):
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
-def test_calibrating_a_drafter_without_a_confidence_head_is_a_one_line_error(tmp_path):
+def test_a_drafter_without_a_confidence_head_refuses_calibration_and_schedules(tmp_path):
     cli_main(["fit", *fit_args(tmp_path, 1, extra=("--model.drafter.confidence_head=false",))])
     (trained,) = tmp_path.rglob("last.ckpt")
     with pytest.raises(UnsupportedError, match=r"last\.ckpt': this drafter has no confidence head, nothing to calib"):
         cli_main(["calibrate", f"--ckpt_path={trained}"])
+    for schedule in ("--thresholds=[0.5]", "--cost_model=true"):  # they would silently change nothing
+        with pytest.raises(OptionError, match=r"--thresholds and --cost_model schedule by the confidence head"):
+            cli_main(["decode", f"--ckpt_path={trained}", schedule])
     assert not list(tmp_path.rglob("*.calibrated.ckpt"))
 
 
@@ -438,6 +441,16 @@ SWEEP = {  # found by running every command with one wrong value: each was a tra
     "heads": (["fit", "--model.drafter.num_heads=3"], "model.drafter.num_heads 3 must be a multiple of num_kv_heads"),
     "cache without caches": (["fit", "--model.target.features=cache"], "model.target.features is 'cache' but"),
     "unknown loss": (["fit", "--model.loss.weights={bogus: 1.0}"], "unknown loss 'bogus' in spec (model.loss.weights)"),
+    "warm-up": (["fit", "--model.training.lr_warmup_steps=-5"], "model.training.lr_warmup_steps must be >= 0"),
+    "markov rank": (
+        ["fit", "--model.drafter.markov_head.rank=-1"],
+        "model.drafter.markov_head.rank must be an integer",
+    ),
+    "no target layer": (["fit", "--model.drafter.target_layer_ids=[]"], "model.drafter.target_layer_ids is empty"),
+    "always include": (
+        ["draft-vocab", "--size=9", "--always_include=[99999]"],
+        "--always_include: ids [0, 2, 3, 99999]",
+    ),
 }
 
 
