@@ -55,8 +55,8 @@ def _load_failure(error: Exception) -> str:
 
 
 def output_file(path: str | os.PathLike, option: str) -> Path:
-    """``path``, a file a command writes when it ends, checked when it starts: its folder is made now, and a path that
-    is a directory or a folder that cannot be made is refused now, not after the hour of work it would hold."""
+    """``path``, a file a command writes late (at its end, or as its results come in), checked when it starts: its
+    folder is made now, and a directory or a folder that cannot be made is refused now, not after an hour of work."""
     path = Path(path)
     if path.is_dir():
         raise OptionError(f"{option} {str(path)!r} is a directory; expected a file path")

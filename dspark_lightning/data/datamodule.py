@@ -132,9 +132,10 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
         self.id_split = IdSplit.from_fractions(split_by_id)
         if on_bad_record not in ("skip", "raise"):
             raise OptionError(f"data.on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
-        for name, value, least in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
-                                   ("shuffle_buffer", shuffle_buffer, 0), ("max_record_bytes", max_record_bytes, 1)):  # fmt: skip
-            if value < least:  # the CLI's types refuse these at parse time; this is for Python callers
+        sizes = dict(seq_len=seq_len, batch_size=batch_size, max_record_bytes=max_record_bytes)  # at least 1
+        for name, value in (sizes | dict(num_workers=num_workers, shuffle_buffer=shuffle_buffer)).items():
+            least = 1 if name in sizes else 0  # the CLI's types refuse these at parse time; this is for Python callers
+            if value < least:
                 raise OptionError(f"data.{name} must be at least {least}, got {value}")
         self.max_record_bytes = max_record_bytes
         self.format = format

@@ -251,11 +251,8 @@ def regenerate(
     if limit is not None:  # the bar counts records written, up to the limit
         total, unit = max(0, limit - already), "records"
     else:  # the bar counts this job's conversations (prompts) still to do (unknown for a streamed hub dataset)
-        total = (
-            None
-            if resolve_source(data, option="--data").is_hub
-            else sum(i not in writer.done_ids for i, _ in mine(Counter()))
-        )
+        hub = resolve_source(data, option="--data").is_hub
+        total = None if hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
     with progress_bar("regenerate", total, unit) as advance, stop_on_sigterm("regenerate") as stop_requested:
 
         def flush() -> None:

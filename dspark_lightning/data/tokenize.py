@@ -88,7 +88,7 @@ def resolve_mask_token(tokenizer: Any, mask_token: str | None, name: str) -> tup
     token_id = tokenizer.convert_tokens_to_ids(token)
     if token_id is None or token_id == tokenizer.unk_token_id:
         raise OptionError(
-            f"data.mask_token: tokenizer {name!r} has no token {token!r}; pass mask_token=<an unused token of its vocabulary>"
+            f"data.mask_token: tokenizer {name!r} has no token {token!r}; pass an unused token of its vocabulary"
         )
     return token, int(token_id)
 

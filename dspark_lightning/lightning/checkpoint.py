@@ -61,7 +61,7 @@ def load_checkpoint_module(
     needed = set(module.state_dict()) - module.frozen_state_keys()
     if unexpected or needed & set(missing):
         raise OptionError(
-            f"{where} does not match the drafter its hyper-parameters describe: missing {sorted(needed & set(missing))[:8]}, "
-            f"unexpected {sorted(unexpected)[:8]}"
+            f"{where} does not match the drafter its hyper-parameters describe: "
+            f"missing {sorted(needed & set(missing))[:8]}, unexpected {sorted(unexpected)[:8]}"
         )
     return module.eval()

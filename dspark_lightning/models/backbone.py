@@ -68,7 +68,8 @@ class BackboneConfig:
         self.layer_types = list(self.layer_types)
         if len(self.layer_types) != self.num_layers:
             raise OptionError(
-                f"model.drafter.layer_types has {len(self.layer_types)} entries, expected num_layers = {self.num_layers}"
+                f"model.drafter.layer_types has {len(self.layer_types)} entries, "
+                f"expected num_layers = {self.num_layers}"
             )
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if unknown:
@@ -77,7 +78,8 @@ class BackboneConfig:
             raise OptionError("model.drafter.layer_types names sliding_attention layers but sliding_window is not set")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise OptionError(
-                f"model.drafter.attention_backend: unknown {self.attention_backend!r}; expected one of {ATTENTION_BACKENDS}"
+                f"model.drafter.attention_backend: unknown {self.attention_backend!r}; "
+                f"expected one of {ATTENTION_BACKENDS}"
             )
 
     def layer_window(self, index: int) -> int | None:

@@ -178,7 +178,8 @@ class MarkovHeadConfig:
             )
         if self.gate_activation not in GATE_ACTIVATIONS:
             raise OptionError(
-                f"model.drafter.markov_head.gate_activation: unknown {self.gate_activation!r}; expected one of {GATE_ACTIVATIONS}"
+                f"model.drafter.markov_head.gate_activation: unknown {self.gate_activation!r}; "
+                f"expected one of {GATE_ACTIVATIONS}"
             )
 
     @classmethod

@@ -457,8 +457,10 @@ SWEEP = {  # found by running every command with one wrong value: each was a tra
 @pytest.mark.parametrize("case", list(SWEEP))
 def test_a_wrong_value_is_one_line_naming_it(case, checkpoint, tmp_path, monkeypatch, capsys):
     extra, expected = SWEEP[case]
-    fill = lambda arg: arg.replace("{target}", str(hostile.TARGET)).replace("{checkpoint}", str(checkpoint))  # noqa: E731
-    command, extra = extra[0], [fill(arg) for arg in extra[1:]]
+    paths = {"{target}": str(hostile.TARGET), "{checkpoint}": str(checkpoint)}
+    command, extra = extra[0], extra[1:]
+    for placeholder, path in paths.items():
+        extra = [arg.replace(placeholder, path) for arg in extra]
     base = {
         "fit": fit_args(tmp_path),
         "regenerate": [f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'out'}"],
