@@ -207,6 +207,7 @@ def regenerate(
         raise OptionError(f"--split must be train, validation or test, got {split!r}")
     if not 0 <= job_index < num_jobs:  # checked before the model loads
         raise OptionError(f"--job_index must be in [0, {num_jobs}), got {job_index}")
+    source = resolve_source(data, option="--data")  # a glob matching nothing fails before the model or --output
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = usable_device(device)  # refused before the model loads
@@ -251,8 +252,7 @@ def regenerate(
     if limit is not None:  # the bar counts records written, up to the limit
         total, unit = max(0, limit - already), "records"
     else:  # the bar counts this job's conversations (prompts) still to do (unknown for a streamed hub dataset)
-        hub = resolve_source(data, option="--data").is_hub
-        total = None if hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
+        total = None if source.is_hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
     with progress_bar("regenerate", total, unit) as advance, stop_on_sigterm("regenerate") as stop_requested:
 
         def flush() -> None:

@@ -193,16 +193,17 @@ def test_text_file_as_checkpoint_is_refused_clearly(tmp_path, monkeypatch, capsy
     [
         (["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.train_files={}"], "data.train_files"),
         (["validate", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.val_files={}"], "data.val_files"),
-        (["cache", "--target", str(hostile.TARGET), "--data={}", "--output=unused"], "--data"),
-        (["draft-vocab", "--tokenizer", str(hostile.TARGET), "--data={}", "--size=9", "--output=x"], "--data"),
-        (["regenerate", "--target", str(hostile.TARGET), "--data={}", "--output=unused"], "--data"),
+        (["cache", "--target", str(hostile.TARGET), "--data={}", "--output={}"], "--data"),
+        (["draft-vocab", "--tokenizer", str(hostile.TARGET), "--data={}", "--size=9", "--output={}"], "--data"),
+        (["regenerate", "--target", str(hostile.TARGET), "--data={}", "--output={}"], "--data"),
     ],
 )
 def test_a_data_glob_matching_nothing_names_the_option_given(argv, option, tmp_path):
-    pattern = str(tmp_path / "typo-*.jsonl")
+    pattern, output = str(tmp_path / "typo-*.jsonl"), tmp_path / "out"
     with pytest.raises(FileNotFoundError) as error:
-        cli_main([arg.format(pattern) for arg in argv])
+        cli_main([arg.replace("{}", pattern if arg.startswith("--data") else str(output)) for arg in argv])
     assert str(error.value) == f"{option}: no files match {pattern!r}"
+    assert not output.exists()  # nothing created before the input was found
 
 
 def test_a_checkpoint_without_hyper_parameters_is_refused_clearly(tmp_path):
