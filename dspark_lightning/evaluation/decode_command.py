@@ -102,6 +102,8 @@ def decode_command(
     gap_table = output_file(gap_table, "--gap_table") if gap_table else None
     max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
+    if val_files and not eval_sets:  # errors about the files name the option given, not data.val_files
+        data.check_sources("validate", options={"validation": "--val_files"})
     if (thresholds or cost_model) and module.drafter.confidence_head is None:  # else they would change nothing
         raise OptionError(
             "--thresholds and --cost_model schedule by the confidence head, and this drafter has none "

@@ -51,6 +51,9 @@ LIGHTNING_COMMANDS = {
 }
 
 
+LINKED_MASK_TOKEN_ID = "--model.drafter.mask_token_id"
+
+
 class SaveConfigAndDataFormat(SaveConfigCallback):
     """LightningCLI's ``config.yaml``, and next to it ``data_format.json``: the format the run reads its records in
     (``data.format`` with ``auto`` resolved, what was asked for, why, and whether the tokenizer has a chat template;
@@ -96,6 +99,16 @@ class DSparkCLI(LightningCLI):
                 f"--ckpt_path {ckpt_path} was trained with other model arguments, which it would silently replace: "
                 f"{listed}. Drop these arguments (or set them to the checkpoint's values), or start a new run."
             )
+
+    def parse_arguments(self, parser, args) -> None:
+        given = sys.argv[1:] if args is None else args
+        if isinstance(given, (list, tuple)) and any(str(a).startswith(LINKED_MASK_TOKEN_ID) for a in given):
+            # jsonargparse would say "int | None is not callable" about the link
+            raise OptionError(
+                f"{LINKED_MASK_TOKEN_ID} is linked from the tokenizer's mask token, not set directly; choose the "
+                "token with --data.mask_token (a token string of the target's vocabulary)"
+            )
+        super().parse_arguments(parser, args)
 
     def instantiate_classes(self) -> None:
         # the data module is cheap to build (its tokenizer loads lazily): check the data this stage reads before the

@@ -422,11 +422,18 @@ def test_a_missing_package_or_target_folder_is_one_line_naming_it(tmp_path, chec
         cli_main(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", f"--target={missing}"])
 
 
+def test_decode_without_a_user_prompt_to_decode_says_so(checkpoint, tmp_path):
+    replies_only = tmp_path / "replies.jsonl"  # trainable (it has a reply) but holds no prompt to decode from
+    replies_only.write_text(json.dumps({"id": "a", "conversations": [{"from": "gpt", "value": "hello there"}]}) + "\n")
+    with pytest.raises(OptionError, match=r"^--val_files .*: no valid conversation with a user prompt to decode$"):
+        cli_main(["decode", f"--ckpt_path={checkpoint}", f"--val_files={replies_only}"])
+
+
 SWEEP = {  # found by running every command with one wrong value: each was a traceback
     "split fractions": (["regenerate", "--split_by_id={validation: 1.5}"], "split_by_id fractions must be >= 0"),
     "draft vocab size": (["draft-vocab", "--size=999999"], "--size: a draft vocabulary size must be in [1, 2048]"),
     "candidate selector": (["export", "--candidate_selector=true"], "--candidate_selector true needs a DFlash-2 form"),
-    "no eval prompt": (["decode", "--val_files={target}/config.json"], "--val_files (default: the checkpoint's data"),
+    "no eval prompt": (["decode", "--val_files={target}/config.json"], "--val_files: none of the first 32 records"),
     "output exists": (["calibrate", "--output={checkpoint}"], "--output '"),
     "negative lr": (["fit", "--model.optimizer.init_args.lr=-1"], "model.optimizer: Invalid learning rate: -1.0"),
     "mask token": (["fit", "--data.mask_token=<nope>"], "data.mask_token: tokenizer '"),
@@ -452,6 +459,9 @@ SWEEP = {  # found by running every command with one wrong value: each was a tra
         ["draft-vocab", "--size=9", "--always_include=[99999]"],
         "--always_include: ids [0, 2, 3, 99999]",
     ),
+    "linked mask token id": (["fit", "--model.drafter.mask_token_id=5"], "--model.drafter.mask_token_id is linked"),
+    "decode val_files glob": (["decode", "--val_files=/nowhere/*.jsonl"], "--val_files: no files match"),
+    "no cache layer": (["cache", "--layers=[]"], "--layers [] selects no target layers; omit --layers"),
 }
 
 
@@ -465,6 +475,7 @@ def test_a_wrong_value_is_one_line_naming_it(case, checkpoint, tmp_path, monkeyp
     base = {
         "fit": fit_args(tmp_path),
         "regenerate": [f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'out'}"],
+        "cache": [f"--target={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path / 'cache'}"],
         "draft-vocab": [f"--tokenizer={hostile.TARGET}", f"--data={hostile.TRAIN}", f"--output={tmp_path}/v.st"],
         "export": [f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}"],
         "decode": [f"--ckpt_path={checkpoint}"],
@@ -472,5 +483,6 @@ def test_a_wrong_value_is_one_line_naming_it(case, checkpoint, tmp_path, monkeyp
     }[command]
     monkeypatch.setattr("sys.argv", ["dspark-lightning", command, *base, *extra])
     assert main() == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith(f"dspark-lightning: error: {expected}"), last
+    err = capsys.readouterr().err
+    error = err[err.rindex("dspark-lightning: error: ") :]  # the data checks list each file's reasons below it
+    assert error.startswith(f"dspark-lightning: error: {expected}") and "Traceback" not in err, error
