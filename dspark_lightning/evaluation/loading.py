@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dspark_lightning.checks import read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
-from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+from dspark_lightning.lightning.checkpoint import load_checkpoint_module, recorded_path
+from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
+
+# data options that name local files: relative ones are read from the directory fit ran in when not found from here
+DATA_PATH_OPTIONS = ("tokenizer", "train_files", "val_files", "test_files", "train_cache", "val_cache")
 
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
@@ -21,6 +25,9 @@ def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):
     ).to(map_location)
     data_kwargs = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     data_kwargs.pop("_instantiator", None)
+    for option in DATA_PATH_OPTIONS:
+        if option in data_kwargs:
+            data_kwargs[option] = recorded_path(data_kwargs[option], checkpoint.get(WORKING_DIRECTORY))
     data_kwargs.setdefault("tokenizer", module.target_args.path)
     data_kwargs.update({k: v for k, v in data_overrides.items() if v is not None})
     return module, ShareGPTDataModule(**data_kwargs)

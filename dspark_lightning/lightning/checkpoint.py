@@ -2,11 +2,13 @@
 
 Checkpoints hold only the trainable drafter state (the frozen target is dropped on save), so the module is rebuilt
 from the recorded hyper-parameters, which re-loads the target, and the drafter state is loaded on top; every trainable
-tensor must be present and nothing unexpected may be left over.
+tensor must be present and nothing unexpected may be left over. Relative paths among the hyper-parameters (target,
+draft vocabulary, data files) are read from the directory ``fit`` ran in when they are not found from here.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -16,6 +18,7 @@ from safetensors.torch import save_file
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.config import migrate_hparams
+from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
 from dspark_lightning.lightning.module import DSparkModule
 
 
@@ -43,8 +46,10 @@ def load_checkpoint_module(
         )
     hparams = {name: dict(group) for name, group in migrate_hparams(checkpoint["hyper_parameters"]).items()}
     hparams["training"]["compile"] = False
-    if target is not None:
-        hparams["target"]["path"] = target
+    base = checkpoint.get(WORKING_DIRECTORY)
+    hparams["target"]["path"] = target if target is not None else recorded_path(hparams["target"]["path"], base)
+    if hparams["drafter"].get("draft_vocab"):
+        hparams["drafter"]["draft_vocab"] = recorded_path(hparams["drafter"]["draft_vocab"], base)
     if features is not None:
         hparams["target"]["features"] = features
     state = checkpoint["state_dict"]
@@ -65,3 +70,18 @@ def load_checkpoint_module(
             f"missing {sorted(needed & set(missing))[:8]}, unexpected {sorted(unexpected)[:8]}"
         )
     return module.eval()
+
+
+def recorded_path(value, base: str | None):
+    """A path (glob, or list of them) that ``fit`` recorded relative to its working directory ``base``, as a path
+    from here: unchanged when it is found from here (or is absolute, a hub id, a ``pkg:`` source, or None)."""
+    if isinstance(value, list):
+        return [recorded_path(item, base) for item in value]
+    if not isinstance(value, str) or base is None or os.path.isabs(value) or _found(value):
+        return value
+    rebased = os.path.join(base, value)
+    return rebased if _found(rebased) else value  # not there either: a hub id, or a file that is gone (named later)
+
+
+def _found(path: str) -> bool:
+    return os.path.exists(path) or bool(glob.glob(path))

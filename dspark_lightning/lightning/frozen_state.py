@@ -8,6 +8,10 @@ runs with ``strict_loading=False``, so this check is ours).
 
 from __future__ import annotations
 
+import os
+
+WORKING_DIRECTORY = "fit_working_directory"
+
 
 class TrainableStateCheckpoints:
     """``on_save_checkpoint`` / ``on_load_checkpoint`` that keep the frozen tensors out of checkpoints."""
@@ -21,6 +25,8 @@ class TrainableStateCheckpoints:
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         for key in self.frozen_state_keys():
             checkpoint["state_dict"].pop(key, None)
+        # the recorded target, data and vocabulary paths may be relative to it (lightning/checkpoint.py reads them)
+        checkpoint[WORKING_DIRECTORY] = os.getcwd()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state, frozen = self.state_dict(), self.frozen_state_keys()
