@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import warnings
 
 import lightning as L
 import torch
@@ -151,6 +152,13 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
                 raise OptionError(f"cache {cache} was written for hidden size {meta['hidden_size']}, not this target")
         if self.target_args.features == "online":
             log.warning("training from a feature cache with the full target loaded: set model.target.features=cache")
+
+    def on_fit_start(self) -> None:
+        # Lightning warns about every module in eval mode when training starts: the frozen target's are, on purpose.
+        # Only that exact count is silenced, so a drafter module left in eval mode still warns
+        in_eval = [name for name, module in self.named_modules() if not module.training]
+        if in_eval and all(name.startswith("target.") or name == "target" for name in in_eval):
+            warnings.filterwarnings("ignore", message=rf"Found {len(in_eval)} module\(s\) in eval mode at the start")
 
     def configure_model(self) -> None:
         """FSDP: each target decoder layer and each draft layer becomes its own unit (no-op for other strategies)."""

@@ -23,3 +23,5 @@ class OfflineFirstWandbLogger(WandbLogger):
         elif offline is None:
             offline = mode != "online"
         super().__init__(*args, offline=offline, **kwargs)
+        if self._wandb_init.get("anonymous") is None:  # Lightning always passes it; wandb warns it has no effect
+            self._wandb_init.pop("anonymous", None)

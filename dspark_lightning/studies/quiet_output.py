@@ -9,11 +9,9 @@ import logging
 KNOWN_HARMLESS_WARNINGS = (  # regular expressions matched at the start of the message
     r"LightningCLI's args parameter is intended",  # cli_main(args=...) inside Jupyter, whose argv holds kernel flags
     r"Found keys that are in the model state dict but not in the checkpoint",  # the frozen target is not saved
-    r"Found \d+ module\(s\) in eval mode",  # the frozen target stays in eval mode on purpose
     r'install "ipywidgets" for Jupyter support',  # rich progress bar without ipywidgets
     r"IProgress not found",  # tqdm without ipywidgets
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning vs newer torch
-    r"The anonymous setting has no effect",  # wandb
 )
 
 
