@@ -19,6 +19,7 @@ import difflib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -155,6 +156,8 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True) -> object:
 def main() -> int:
     """Console-script entry point (``dspark-lightning``): exit status 0 on success, 2 on an error in what the user
     gave (printed as one line; ``DSPARK_DEBUG=1`` shows its traceback), a traceback for anything else."""
+    # Lightning's own call of a torch API that newer torch deprecates: nothing a user of the command can act on
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     try:
         cli_main()
     # a missing file, or one in the way of an output, is always one the user named

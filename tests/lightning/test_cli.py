@@ -147,6 +147,7 @@ def test_console_script_runs_fit(tmp_path):
     result = subprocess.run([str(exe), "fit", *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt").exists()
+    assert "eval mode at the start" not in result.stderr and "LeafSpec" not in result.stderr  # nothing to act on
 
 
 class SimulatedKill(Exception):
