@@ -1,6 +1,7 @@
 """Other tools' formats: the speculators DSpark format (``speculators_format``), loading such a directory
-(``speculators_load``), exporting a checkpoint to it (``export``, the ``export`` command) and materialising a GGUF
-target as a Hugging Face directory (``gguf_import``, the ``import-gguf`` command)."""
+(``speculators_load``), exporting a checkpoint to it (``export``, the ``export`` command), checking an export
+against the speculators library itself (``speculators_parity``) and materialising a GGUF target as a Hugging Face
+directory (``gguf_import``, the ``import-gguf`` command)."""
 
 from dspark_lightning import lazy_exports
 

@@ -7,7 +7,7 @@
 Each ``HEAD=CHECKPOINT`` (a ``last.ckpt`` of `bash reports/gemma3/run.sh report`, trained with ``block_embedding: lookup``, configs/gemma3_completion.yaml) is exported in
 fp32, loaded by speculators' ``DSparkDraftModel`` in its own interpreter and run on one 8-token block after an
 11-token prefix of the real target's features: base logits, Markov bias and confidence logits against our drafter's
-(the script and inputs of tests/commands/test_speculators_interop.py). Writes reports/gemma3/speculators_check.json.
+(``dspark_lightning/interop/speculators_parity.py``, as the interop test). Writes reports/gemma3/speculators_check.json.
 """
 
 from __future__ import annotations
@@ -15,28 +15,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "commands")]  # the interop test's script and inputs
-os.environ.setdefault("DSPARK_SPECULATORS_PYTHON", "/tmp/specvenv/bin/python")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", nargs="+", required=True, help="HEAD=CHECKPOINT, one per drafter")
     parser.add_argument("--output", default=str(ROOT / "reports/gemma3/speculators_check.json"))
+    parser.add_argument(
+        "--python",
+        default=os.environ.get("DSPARK_SPECULATORS_PYTHON", "/tmp/specvenv/bin/python"),
+        help="an interpreter with speculators installed",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    import test_speculators_interop as interop
     from safetensors.torch import load_file
 
     from dspark_lightning.cli import cli_main
     from dspark_lightning.interop import load_exported
+    from dspark_lightning.interop.speculators_parity import block_inputs, our_outputs, run_speculators
     from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 
     results = {}
@@ -46,17 +48,17 @@ def main() -> None:
         cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(work / "export"), "--dtype", "float32"])
         module = load_checkpoint_module(str(ckpt), features="online")
         drafter, target = module.drafter.eval(), module.target
-        inputs, anchors = interop.block_inputs(
+        inputs, anchors = block_inputs(
             target, work / "inputs.safetensors", target.vocab_size, drafter.config.mask_token_id, B=drafter.block_size
         )
-        ours = interop.our_outputs(drafter, inputs, anchors)
+        ours = our_outputs(drafter, inputs, anchors)
         job = {
             "name": head,
             "dir": str(work / "export"),
             "verifier": str(Path(module.target_args.path).resolve()),
         }
-        loaded = interop.run_speculators(
-            work, [job | {"inputs": str(work / "inputs.safetensors"), "outputs": str(work / "theirs")}]
+        loaded = run_speculators(
+            args.python, work, [job | {"inputs": str(work / "inputs.safetensors"), "outputs": str(work / "theirs")}]
         )
         theirs = load_file(str(work / "theirs")) if loaded[head] == "ok" else {}
         results[head] = {
@@ -66,7 +68,7 @@ def main() -> None:
             "max_abs_base_logit": float(ours["base"].abs().max()),
             "our_loader_max_abs_difference": max(
                 float((o - ours[k]).abs().max())
-                for k, o in interop.our_outputs(load_exported(work / "export", target), inputs, anchors).items()
+                for k, o in our_outputs(load_exported(work / "export", target), inputs, anchors).items()
             ),
         }
         print(head, json.dumps(results[head]))

@@ -18,18 +18,17 @@ sqrt(hidden) scale, so our export refuses a Gemma drafter; the format reads a pl
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from helpers.export import draft_vocab, make_drafter, save_gemma_verifier, save_verifier
 from helpers.targets import GEMMA3_MASK_ID
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dspark_lightning.interop import export_drafter, load_exported
+from dspark_lightning.interop.speculators_parity import block_inputs, our_outputs, run_speculators
 from dspark_lightning.models import FrozenTarget
 
 PYTHON = os.environ.get("DSPARK_SPECULATORS_PYTHON") or (
@@ -48,46 +47,6 @@ def target(verifier_dir) -> FrozenTarget:
     return FrozenTarget.from_pretrained(str(verifier_dir), num_draft_layers=2)
 
 
-SCRIPT = r"""
-import json, sys, torch
-from safetensors.torch import load_file, save_file
-from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
-torch.set_num_threads(1)
-results = {}
-for job in json.load(open(sys.argv[1])):
-    try:
-        # a local verifier is recorded by name (portable exports): speculators is given its directory in the config
-        # (from_pretrained's verifier= is ignored for a speculators checkpoint), as vLLM is
-        config = DSparkSpeculatorConfig.from_pretrained(job["dir"])
-        config.speculators_config.verifier.name_or_path = job["verifier"]
-        model = DSparkDraftModel.from_pretrained(job["dir"], config=config).float().eval()
-    except Exception as error:
-        results[job["name"]] = f"{type(error).__name__}: {error}"
-        continue
-    x = load_file(job["inputs"])
-    for layer in model.layers:
-        layer.self_attn.config._attn_implementation = "sdpa"
-    with torch.no_grad():
-        context = model.hidden_norm(model.fc(x["context_features"]))
-        h = model.embed_tokens(x["block_ids"]) * job.get("embed_scale", 1.0)  # a diagnostic scale, 1 = speculators'
-        positions = torch.cat([x["context_positions"], x["block_positions"]], dim=1)
-        embeddings = model.rotary_emb(h, positions)
-        for layer in model.layers:
-            h = layer(hidden_states=h, target_hidden=context, position_ids=positions, position_embeddings=embeddings)
-        hidden = model.norm(h)
-        out = {"base": model.lm_head(hidden)}
-        if model.markov_head is not None:
-            out["bias"] = model.markov_head.block_bias(prev_token_ids=x["prev"], hidden_states=hidden)
-        if model.confidence_head is not None:
-            features = hidden
-            if model.config.confidence_head_with_markov:
-                features = torch.cat([hidden, model.markov_head.prev_embeddings(x["prev"])], dim=-1)
-            out["confidence"] = model.confidence_head(features)
-    save_file({k: v.contiguous() for k, v in out.items()}, job["outputs"])
-    results[job["name"]] = "ok"
-print(json.dumps(results))
-"""
-
 CASES = {
     "none": dict(head="none"),
     "vanilla": dict(head="vanilla"),
@@ -98,52 +57,6 @@ CASES = {
     "selector_layout_backbone_only": dict(head="selector", confidence_head=False, selector=True),
     "dflash2_gate_is_refused": dict(head="gated_hidden_sigmoid"),
 }
-
-
-def block_inputs(target, path, V: int, mask_token_id: int, S: int = 11, B: int = 4):
-    """A prefix of S random tokens, its target features and one block per row after it; saved for the script."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, V - 1, (2, S), generator=generator)
-    features = target.features(ids, torch.arange(S).repeat(2, 1)).context_features
-    anchors = torch.randint(0, V - 1, (2,), generator=generator)
-    inputs = {
-        "context_features": features,
-        "context_positions": torch.arange(S).repeat(2, 1),
-        "block_ids": torch.cat((anchors[:, None], torch.full((2, B - 1), mask_token_id)), dim=1),
-        "block_positions": torch.arange(S, S + B).repeat(2, 1),
-        "prev": torch.randint(0, V - 1, (2, B), generator=generator),
-    }
-    save_file({k: v.contiguous() for k, v in inputs.items()}, str(path))
-    return inputs, anchors
-
-
-@torch.no_grad()
-def our_outputs(drafter, inputs, anchors, markov: bool = True) -> dict[str, torch.Tensor]:
-    """What the script computes, by our drafter: base logits, Markov bias, confidence logits."""
-    S = inputs["context_features"].shape[1]
-    base, hidden = drafter.draft(inputs["context_features"], inputs["context_positions"], anchors, torch.full((2,), S))
-    ours = {"base": base}
-    if drafter.markov_head is not None and markov:
-        ours["bias"] = drafter.markov_head.block_bias(inputs["prev"], hidden)
-    if drafter.confidence_head is not None:
-        ours["confidence"] = drafter.confidence_logits(hidden, inputs["prev"])
-    return ours
-
-
-def run_speculators(tmp_path, jobs: list[dict]) -> dict[str, str]:
-    """Run SCRIPT on ``jobs`` under the speculators interpreter: job name -> "ok" or the load error."""
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    (tmp_path / "run.py").write_text(SCRIPT)
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}  # every verifier is local: a hub lookup is a mistake, fail at once
-    run = subprocess.run(
-        [PYTHON, str(tmp_path / "run.py"), str(tmp_path / "jobs.json")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def assert_same(theirs: dict, ours: dict, name: str) -> None:
@@ -172,7 +85,7 @@ def test_speculators_loads_our_export_with_the_same_logits(tmp_path, target, ver
             dict(name=name, dir=str(out_dir), verifier=str(verifier_dir), outputs=str(out_dir / "o"))
             | {"inputs": str(tmp_path / "inputs.safetensors")}
         )
-    results = run_speculators(tmp_path, jobs)
+    results = run_speculators(PYTHON, tmp_path, jobs)
 
     assert "mismatched_sizes" in results.pop("dflash2_gate_is_refused")  # refused, not loaded with a wrong gate
     expected.pop("dflash2_gate_is_refused")
@@ -199,6 +112,7 @@ def test_a_gemma_drafter_exports_only_on_a_plain_lookup_because_speculators_woul
         "inputs": str(tmp_path / "inputs.safetensors"),
     }
     results = run_speculators(
+        PYTHON,
         tmp_path,
         [
             job | {"name": "speculators", "outputs": str(tmp_path / "speculators")},
