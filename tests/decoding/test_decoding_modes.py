@@ -15,11 +15,19 @@ def test_supported_modes_match_the_walks_each_head_can_run(kind):
     modes = supported_modes(head)
     assert set(modes) <= set(MODES) and modes == tuple(m for m in MODES if m in modes)  # MODES order
     assert "parallel" in modes and ("markov" in modes) == (head is not None)
-    base, hidden = torch.randn(N, B, V), torch.randn(N, B, H)
+    generator = torch.Generator().manual_seed(0)
+    if head is not None:  # weights far from their (near-zero-bias) initialisation: the bias changes the walk
+        for parameter in head.parameters():
+            parameter.data = torch.randn(parameter.shape, generator=generator)
+    base, hidden = torch.randn(N, B, V, generator=generator), torch.randn(N, B, H, generator=generator)
     first_prev = torch.zeros(N, dtype=torch.long)
-    sequential_walk(base, head, first_prev, hidden)  # every head has the sequential decode
+    tokens = sequential_walk(base, head, first_prev, hidden).tokens  # every head has the sequential decode
+    assert tokens.shape == (N, B) and tokens.dtype == torch.long and 0 <= tokens.min() and tokens.max() < V
+    assert (head is None) == torch.equal(tokens, base.argmax(-1))  # a head's bias moves the greedy walk here
     if "selector" in modes:
-        selector_walk(base, head, first_prev, hidden, 4)
+        # with every token a candidate (k = V) the Selector's walk is the sequential greedy decode
+        assert torch.equal(selector_walk(base, head, first_prev, hidden, V).tokens, tokens)
+        assert selector_walk(base, head, first_prev, hidden, 4).tokens.shape == (N, B)
     else:  # only the path-dependent rnn head lacks a Selector walk (no head: parallel decoding only)
         assert head is None or head.is_path_dependent
         if head is not None:

@@ -1,11 +1,12 @@
-"""SIGTERM is honoured while a validation-time callback decodes: a real ``fit`` process stops within seconds.
+"""SIGTERM is honoured while a validation-time callback decodes: a real ``fit`` process stops between prompts.
 
 A fit under ``timeout`` used to log "Received SIGTERM" and then run for a quarter of an hour inside
 ``SpeculativeDecodingCallback``: Lightning only sets ``trainer.received_sigterm`` and stops at the next batch, which a
 long epoch-end hook delays by its whole run. Here the callback is given far more decoding than the deadline allows
-(every mode, many prompts, many tokens), the signal is sent once its start line is printed, and the process must
-exit within ``DEADLINE_S``; the validation then ends as usual, so ``last.ckpt`` holds the step it stopped at and the
-run can be resumed from it.
+(every mode, many prompts, many tokens), the signal is sent once its start line is printed, and the callback must
+report that it skipped the rest of its decode; the validation then ends as usual, so ``last.ckpt`` holds the step it
+stopped at and the run can be resumed from it. ``HANG_GUARD_S`` only turns the old quarter-hour run into a failure
+instead of a blocked suite; nothing here measures time.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import torch
 from helpers.paths import ROOT
 from helpers.quickstart import quickstart_fit_args
 
-DEADLINE_S = 60  # from the signal to the exit; one prompt's decode and replay take a second or two here
+HANG_GUARD_S = 120  # from the signal to the exit (the whole decode asked for would take many minutes)
 START_S = 600  # from the launch to the decode's start line (loading, 4 training steps): generous, a loaded machine
 
 
-def test_sigterm_during_the_decoding_callback_stops_the_fit_within_seconds(tmp_path):
+def test_sigterm_during_the_decoding_callback_stops_the_fit_between_prompts(tmp_path):
     decode = {
         "class_path": "dspark_lightning.lightning.callbacks.SpeculativeDecodingCallback",
         "init_args": {"modes": ["parallel", "markov", "selector"], "num_prompts": 48, "max_new_tokens": 512},
@@ -62,12 +63,10 @@ def test_sigterm_during_the_decoding_callback_stops_the_fit_within_seconds(tmp_p
             assert line is not None, "fit ended before the decoding callback started:\n" + "".join(output)
             output.append(line)
         process.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
         try:
-            process.wait(timeout=DEADLINE_S)
+            process.wait(timeout=HANG_GUARD_S)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running {DEADLINE_S} s after SIGTERM:\n" + "".join(output)) from None
-        assert time.monotonic() - signalled < DEADLINE_S
+            raise AssertionError(f"still running {HANG_GUARD_S} s after SIGTERM:\n" + "".join(output)) from None
     finally:
         if process.poll() is None:
             process.kill()
@@ -75,7 +74,7 @@ def test_sigterm_during_the_decoding_callback_stops_the_fit_within_seconds(tmp_p
     while (line := lines.get(timeout=10)) is not None:
         output.append(line)
     text = "".join(output)
-    assert "SpeculativeDecodingCallback: stopped on SIGTERM" in text, text
+    assert "SpeculativeDecodingCallback: stopped on SIGTERM, the rest of this decode is skipped" in text, text
     # the validation ended normally before the loop stopped: the last checkpoint is at the step it stopped at
     checkpoint = torch.load(tmp_path / "run/version_0/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 4
