@@ -322,6 +322,77 @@ def test_new_terms_against_independent_autograd(spec, v):
     torch.testing.assert_close(r.loss, out.loss, rtol=1e-10, atol=1e-12)
 
 
+def brute_dpace(alpha, trained, lam):
+    """D-PACE weights (docs/losses.md §7) by brute-force loops over plain floats: d_k = Σ_{m ≥ k, m trained}
+    Π_{j ≤ m} a_j with a_j = (1 − λ)·α_j + λ (1 for untrained slots), 0 on untrained slots, then scaled to mean 1
+    over the trained slots of the batch. Returns a float64 tensor, a constant (no graph)."""
+    nb, b = len(alpha), len(alpha[0])
+    d = [[0.0] * b for _ in range(nb)]
+    for i in range(nb):
+        for k in range(b):
+            if trained[i][k]:
+                for m in range(k, b):
+                    if trained[i][m]:
+                        prod = 1.0
+                        for j in range(m + 1):
+                            prod *= (1 - lam) * alpha[i][j] + lam if trained[i][j] else 1.0
+                        d[i][k] += prod
+    n = sum(t for row in trained for t in row)
+    total = sum(map(sum, d))
+    return torch.tensor([[x * n / total for x in row] for row in d], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("spec", [ALL, {"tv": 1.0}, FAMILY])
+@pytest.mark.parametrize("flat", [False, True])
+def test_dpace_loss_against_brute_force_weights(spec, flat):
+    """loss = Σ W_r L_r / Σ W_r with W_r = static_r·valid_r·d_r, d from brute-force loops over the brute-force α,
+    L_r from the definitions (independent_rows) and d detached: value, logits gradient and reported weights."""
+    nb, b, vd, lam = 3, 5, 9, 0.3
+    z, lp = make_case(nb=nb, b=b, vd=vd, v=14, seed=12)
+    static = [0.0, 1.0, 1.0, 1.0, 1.0]  # DFlash form: slot 0 untrained
+    valid = [[1, 1, 1, 1, 1], [1, 1, 0, 1, 1], [0, 1, 1, 0, 1]]
+    trained = [[static[k] > 0 and valid[i][k] == 1 for k in range(b)] for i in range(nb)]
+    d = brute_dpace(brute_alpha(z, lp).tolist(), trained, lam)
+    assert d[torch.tensor(trained)].std().item() > 0.1  # the weights differ across slots: the weighting matters
+    W = torch.tensor(static, dtype=torch.float64) * torch.tensor(valid, dtype=torch.float64) * d
+    # reference: float64 autograd with the weights as constants
+    z_ref = z.clone().requires_grad_()
+    rows = independent_rows(z_ref, lp)
+    ref = (sum(c * rows[k] for k, c in spec.items()) * W).sum() / W.sum()
+    (2.0 * ref).backward()
+
+    z_lib = z.clone().requires_grad_()
+    m = torch.tensor(valid, dtype=torch.bool)
+    w = position_weights(b, position_weighting="dpace", sample_from_anchor=False, dtype=torch.float64)
+    if flat:
+        out = compound_loss(
+            z_lib.view(nb * b, vd), lp.view(nb * b, vd), w.repeat(nb), m.view(-1), spec, 4,
+            position_weighting="dpace", block_size=b, dpace_smoothing=lam,
+        )  # fmt: skip
+    else:
+        out = compound_loss(z_lib, lp, w, m, spec, 4, position_weighting="dpace", dpace_smoothing=lam)
+    (2.0 * out.loss).backward()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(z_lib.grad, z_ref.grad, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(out.weights.double().view(nb, b), W, rtol=1e-6, atol=1e-7)  # reported as float32
+    assert z_lib.grad[1, 2].abs().max() == 0 and z_lib.grad[:, 0].abs().max() == 0  # invalid and untrained rows
+
+    # the weights carry no gradient: letting d depend on α through autograd changes the gradient, so the check above
+    # would catch a non-detached d
+    z_bad = z.clone().requires_grad_()
+    rows = independent_rows(z_bad, lp)
+    a = (1 - lam) * (1 - rows["tv"]) + lam
+    tr = torch.tensor(trained)
+    a = torch.where(tr, a, torch.ones_like(a))
+    prefix = torch.cumprod(a, -1) * tr
+    d_live = prefix.flip(-1).cumsum(-1).flip(-1) * tr
+    d_live = d_live * (tr.sum() / d_live.sum())
+    torch.testing.assert_close(d_live.detach(), d, rtol=1e-12, atol=1e-14)  # same values as the brute force
+    W_live = torch.tensor(static, dtype=torch.float64) * torch.tensor(valid, dtype=torch.float64) * d_live
+    (2.0 * (sum(c * rows[k] for k, c in spec.items()) * W_live).sum() / W_live.sum()).backward()
+    assert (z_bad.grad - z_lib.grad).abs().max().item() > 1e-4
+
+
 def test_new_terms_gradcheck():
     z, lp = make_case(nb=2, b=3, vd=6, v=9, seed=4)  # sub-normalised teacher
     w = torch.tensor([1.0, 0.6, 0.3], dtype=torch.float64)

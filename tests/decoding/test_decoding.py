@@ -78,6 +78,14 @@ def test_verify_rule_is_lossless_for_one_slot():
     assert law_pvalue(counts, p) > 1e-3  # fixed seeds: deterministic; 1e-3 guards against a wrong rule only
 
 
+def law_of_new_tokens_2_and_3(p: torch.Tensor, last: int) -> torch.Tensor:
+    """Exact joint law of new tokens 2 and 3 of a bigram chain p[a, b] = P(next = b | current = a) whose prompt ends
+    in ``last``: P(x2 = b, x3 = c) = Σ_a p[last, a]·p[a, b]·p[b, c] (x1 = a summed out), float64, flattened so that
+    entry b·V + c is the pair (b, c)."""
+    p = p.double()
+    return torch.einsum("a,ab,bc->bc", p[last], p, p).flatten()
+
+
 @pytest.mark.parametrize("mode, k", [("markov", 16), ("selector", 3)])
 def test_sampling_output_distribution_equals_the_target(mode, k):
     """Joint law of new tokens 2 and 3 under speculative sampling == the bigram target's exact law (chi-square)."""
@@ -86,8 +94,7 @@ def test_sampling_output_distribution_equals_the_target(mode, k):
     model, target, drafter, bigram = bigram_setup(vocab=V, block_size=2, noise=1.5, temperature_scale=1.0, num_layers=2)
     prompt = torch.tensor([[1, 3]])
     p = torch.softmax(bigram / T, -1)  # p[a, b] = P(next = b | current = a)
-    first = p[prompt[0, -1]]
-    exact = torch.einsum("a,ab,bc->bc", first.double(), p.double(), p.double()).flatten()  # P(x2 = b, x3 = c)
+    exact = law_of_new_tokens_2_and_3(p, int(prompt[0, -1]))
     g = torch.Generator().manual_seed(7)
     torch.manual_seed(7)
     counts = torch.zeros(V * V)
@@ -142,12 +149,15 @@ def test_clear_errors():
         speculative_generate(target, drafter, torch.zeros(1, 3, dtype=torch.long), 4, mode="beam")
 
 
-def test_exact_law_helper_is_a_distribution():
-    # guards the chi-square tests' reference computation itself
-    _, _, _, bigram = bigram_setup(vocab=5, block_size=2, temperature_scale=1.0)
-    p = torch.softmax(bigram, -1)
-    total = sum(float(p[1, a] * p[a, b] * p[b, c]) for a, b, c in itertools.product(range(5), repeat=3))
-    assert abs(total - 1.0) < 1e-5
+def test_exact_law_helper_matches_enumeration():
+    """Guards the chi-square test's reference: the helper against an explicit sum over x1 for every (x2, x3)."""
+    V, last = 5, 3
+    p = torch.softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 2, -1)
+    got = law_of_new_tokens_2_and_3(p, last)
+    assert got.dtype == torch.float64 and got.shape == (V * V,)
+    for b, c in itertools.product(range(V), repeat=2):
+        expect = sum(p[last, a].item() * p[a, b].item() * p[b, c].item() for a in range(V))
+        assert got[b * V + c].item() == pytest.approx(expect, rel=1e-12, abs=1e-15), (b, c)
 
 
 def test_a_decode_whose_first_token_ends_it_has_no_tau():

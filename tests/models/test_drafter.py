@@ -215,11 +215,30 @@ def test_draft_vocab_plumbs_through_lm_head_and_teacher():
     assert torch.equal(vocab.to_target(vocab.to_draft(vocab.d2t)), vocab.d2t)
     target, drafter = build(markov=MarkovHeadConfig(rank=4, kind="gated"), vocab=vocab)
     ids, loss_mask, doc, pos = packed_batch(seed=6)
-    out = run(target, drafter, ids, loss_mask, doc, pos)
+    features = target.features(ids, pos)
+    out = run(target, drafter, ids, loss_mask, doc, pos, features=features)
     assert out.logits.shape[-1] == 16 and out.teacher_logprobs.shape[-1] == 16
     full = drafter.lm_head(out.hidden)
     torch.testing.assert_close(out.base_logits, full[..., vocab.d2t])
-    assert (out.teacher_logprobs.exp().sum(-1) <= 1 + 1e-5).all()
+    # teacher: float64 log-softmax over the FULL target vocabulary of lm_head(final_hidden) at the position before
+    # the predicted token (slot k of the block anchored at p predicts token p + k + 1, so the teacher reads p + k),
+    # then the draft columns d2t
+    assert drafter.logit_softcap is None  # a tiny Qwen3 target: plain lm_head logits
+    head = drafter.lm_head.weight.detach().double()
+    checked = 0
+    for r in range(ids.shape[0]):
+        for a in range(out.anchors.positions.shape[1]):
+            if not out.anchors.valid[r, a]:
+                continue
+            p = int(out.anchors.positions[r, a])
+            for k in range(drafter.block_size):
+                h = features.final_hidden[r, p + k].detach().double()
+                ref = torch.log_softmax(head @ h, -1)
+                torch.testing.assert_close(out.teacher_logprobs[r, a, k].double(), ref[vocab.d2t], rtol=1e-5, atol=1e-5)
+                assert int(out.teacher_argmax[r, a, k]) == int(ref.argmax())
+                assert int(out.target_tokens[r, a, k]) == int(ids[r, p + k + 1])
+                checked += 1
+    assert checked >= 8
 
 
 def test_inference_draft_equals_training_block_at_the_end_of_a_document():
