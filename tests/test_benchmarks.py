@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -119,10 +120,15 @@ def test_threads_quick_times_generate_and_the_verify_forward_per_thread_count(tm
     before = torch.get_num_threads()
     report = bench_threads.run(quick=True, out_dir=tmp_path, log=lambda *_: None)
     assert torch.get_num_threads() == before  # the caller's thread count comes back
-    for threads in (1, 2):
-        r = report["threads"][threads]
-        assert len(r["samples"]["generate_ms_per_token"]) == 1 and r["generate_ms_per_token"] > 0
-        assert r["verify_block_packed_over_generate"] == r["verify_9_rows_packed_ms"] / r["generate_ms_per_token"]
+    saved = json.loads((tmp_path / "threads_quick.json").read_text())
+    assert saved == json.loads(json.dumps(report))  # the file holds the whole report
+    timed = {"generate_ms_per_token", "verify_1_row_ms", "verify_9_rows_ms", "verify_9_rows_packed_ms"}
+    ratios = {"verify_block_over_generate", "verify_block_packed_over_generate"}
+    assert set(saved["threads"]) == {"1", "2"} and saved["repeats"] == 1
+    for r in saved["threads"].values():  # medians and their ratios, each timing's samples (one repeat)
+        assert set(r) == timed | ratios | {"samples"} and set(r["samples"]) == timed
+        assert all(len(values) == 1 and math.isfinite(values[0]) for values in r["samples"].values())
+        assert all(math.isfinite(r[key]) for key in timed | ratios)
     assert "| 2 |" in (tmp_path / "threads_quick.md").read_text()
 
 
@@ -132,10 +138,14 @@ def test_lm_head_quick_times_both_kernels_per_row_count_and_generate(tmp_path):
     before = torch.get_num_threads()
     report = bench_lm_head.run(quick=True, out_dir=tmp_path, threads=1, log=lambda *_: None)
     assert torch.get_num_threads() == before and report["threads"] == 1
-    r = report["results"]
-    for rows in bench_lm_head.ROWS:
-        assert r[f"head_{rows}_rows_default_ms"] > 0 and r[f"head_{rows}_rows_packed_ms"] > 0
-    assert r["generate_packed_over_default"] == r["generate_packed_ms_per_token"] / r["generate_default_ms_per_token"]
+    saved = json.loads((tmp_path / "lm_head_quick.json").read_text())
+    assert saved == json.loads(json.dumps(report))  # the file holds the whole report
+    timed = {f"head_{rows}_rows_{kernels}_ms" for rows in bench_lm_head.ROWS for kernels in ("default", "packed")}
+    timed |= {"generate_default_ms_per_token", "generate_packed_ms_per_token"}
+    r = saved["results"]
+    assert set(r) == timed | {"generate_packed_over_default", "samples"} and set(r["samples"]) == timed
+    assert all(len(values) == saved["repeats"] == 1 and math.isfinite(values[0]) for values in r["samples"].values())
+    assert all(math.isfinite(r[key]) for key in timed | {"generate_packed_over_default"})
     assert "| 9 |" in (tmp_path / "lm_head_quick.md").read_text()
 
 

@@ -130,8 +130,7 @@ def speculative_generate(
     generated = [_sample(prefix.prefill(input_ids), temperature, generator)]
     clock.lap("prefill")
     while len(generated) < max_new_tokens and generated[-1] not in eos:
-        anchor = torch.tensor([generated[-1]], device=input_ids.device)
-        clock.start()
+        anchor = torch.tensor([generated[-1]], device=input_ids.device)  # charged to drafting: phases cover the run
         base, hidden = prefix.draft(anchor)
         clock.lap("draft_backbone")
         drafted, q = draft_block(drafter, base, hidden, anchor, mode, k, temperature, generator)

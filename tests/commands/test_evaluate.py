@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -57,7 +58,9 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, c
     assert json.loads(out.read_text()) == json.loads(dumps_json(rows))  # strict JSON: an undefined rate is null
     by_mode = {(r["mode"], r["threshold"]): r for r in rows}
     cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
-    assert len(cost_rows) == 3 and all(r["threshold"][1] > 0 and r["threshold"][2] >= 0 for r in cost_rows)
+    assert len(cost_rows) == 3 and {r["mode"] for r in cost_rows} == {"parallel", "markov", "selector"}
+    (schedule,) = {tuple(r["threshold"]) for r in cost_rows}  # one measured (t0, t1), shared by every mode's row
+    assert len(schedule) == 3 and schedule[0] == "cost" and all(map(math.isfinite, schedule[1:]))
     assert all(1.0 <= r["mean_verified"] <= 8 for r in cost_rows)
     rows = [r for r in rows if not isinstance(r["threshold"], (list, tuple))]
     by_mode = {(r["mode"], r["threshold"]): r for r in rows}
@@ -70,7 +73,9 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, c
     assert by_mode[("markov", 0.3)]["mean_verified"] <= by_mode[("markov", None)]["mean_verified"]
     # the baseline: the target's own generate, timed alternately; greedy outputs equal
     for row in rows:
-        assert row["outputs_equal"] and row["speedup"] > 0 and row["baseline_tokens_per_second"] > 0
+        assert (
+            row["outputs_equal"] and math.isfinite(row["speedup"]) and math.isfinite(row["baseline_tokens_per_second"])
+        )
         assert set(row["phase_ms_per_step"]) == {"draft_backbone", "draft_head", "verify", "bookkeeping"}
     # the cost model's verify-length report on the whole-block rows
     for mode in ("parallel", "markov", "selector"):

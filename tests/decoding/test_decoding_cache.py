@@ -4,12 +4,14 @@ the verify-length cost model."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.drafters import decode_cached_and_uncached, random_gated_drafter
 from helpers.targets import bigram_setup
 
+import dspark_lightning.decoding.stats as stats_module
 from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
 
 
@@ -88,31 +90,88 @@ def test_cached_decoding_equals_uncached_with_a_two_layer_gated_drafter(mode):
             assert torch.equal(outputs[0], greedy)
 
 
-def test_phase_times_cover_the_run_and_merge():
+# the scripted phase clock: the prefill lasts PREFILL seconds; each decoding step reads the clock four times (the end
+# of draft_backbone, draft_head, verify and bookkeeping), STEP seconds apart. Powers of two: every sum is exact, and a
+# reading charged to the wrong phase shows as a wrong power.
+PREFILL = 1024.0
+STEP = (2.0, 4.0, 8.0, 16.0)  # draft_backbone, draft_head, verify, bookkeeping
+
+
+class ScriptedPhaseClock:
+    """Stands in for ``time.perf_counter`` in ``decoding.stats``: reading 0 is 0, reading 1 is PREFILL, each later
+    reading advances by ``STEP[(i - 2) % 4]``. Keeps every reading it gave."""
+
+    def __init__(self) -> None:
+        self.readings: list[float] = []
+
+    def __call__(self) -> float:
+        i = len(self.readings)
+        now = 0.0 if i == 0 else PREFILL if i == 1 else self.readings[-1] + STEP[(i - 2) % 4]
+        self.readings.append(now)
+        return now
+
+
+def scripted_run(monkeypatch, prompt: list[int], new_tokens: int):
     _, target, drafter = context_dependent_bigram()
-    _, stats = speculative_generate(target, drafter, torch.tensor([[3, 1, 4]]), 30, mode="markov", eos_token_id=[])
-    phases = stats.phase_ms_per_step()
-    assert set(phases) == {"draft_backbone", "draft_head", "verify", "bookkeeping"}
-    assert all(value > 0 for value in phases.values()) and stats.prefill_seconds > 0
-    assert stats.draft_seconds == stats.draft_backbone_seconds + stats.draft_head_seconds
-    assert math.isclose(
-        stats.total_seconds,
-        stats.draft_seconds + stats.verify_seconds + stats.bookkeeping_seconds + stats.prefill_seconds,
+    clock = ScriptedPhaseClock()
+    monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=clock))
+    _, stats = speculative_generate(target, drafter, torch.tensor([prompt]), new_tokens, mode="markov", eos_token_id=[])
+    return stats, clock
+
+
+def test_phase_times_charge_each_phase_its_own_interval_and_merge(monkeypatch):
+    stats, clock = scripted_run(monkeypatch, [3, 1, 4], 30)
+    steps = stats.target_forwards
+    assert steps >= 3
+    assert len(clock.readings) == 2 + 4 * steps  # prefill start/end, then four laps per step
+    assert stats.prefill_seconds == PREFILL  # counted once
+    assert (stats.draft_backbone_seconds, stats.draft_head_seconds, stats.verify_seconds) == (
+        2.0 * steps,
+        4.0 * steps,
+        8.0 * steps,
     )
-    merged = DecodeStats.merge([stats, stats])
-    assert merged.accepted_per_step == stats.accepted_per_step * 2 and merged.new_tokens == 2 * stats.new_tokens
-    assert math.isclose(merged.verify_seconds, 2 * stats.verify_seconds)
-    assert merged.as_dict()["tau"] == stats.tau
+    assert stats.bookkeeping_seconds == 16.0 * steps
+    assert stats.phase_ms_per_step() == {
+        "draft_backbone": 2000.0,
+        "draft_head": 4000.0,
+        "verify": 8000.0,
+        "bookkeeping": 16000.0,
+    }
+    # the phases cover the run from the first reading to the last: no interval is charged twice or left out
+    span = clock.readings[-1] - clock.readings[0]
+    assert span == PREFILL + sum(STEP) * steps
+    assert stats.total_seconds == span
+
+    other, _ = scripted_run(monkeypatch, [2, 7, 1, 8, 2, 8, 1], 17)
+    merged = DecodeStats.merge([stats, other])
+    assert merged.accepted_per_step == stats.accepted_per_step + other.accepted_per_step
+    assert merged.new_tokens == 30 + 17 and merged.target_forwards == steps + other.target_forwards
+    assert merged.prefill_seconds == 2 * PREFILL
+    assert merged.verify_seconds == 8.0 * (steps + other.target_forwards)
+    emitted = sum(stats.emitted_per_step) + sum(other.emitted_per_step)
+    assert merged.as_dict()["tau"] == emitted / (steps + other.target_forwards)
+
+
+def scripted_clock(durations: list[float]):
+    """A clock whose n-th timed run (baseline, speculative, baseline, ... in measure_speedup's order) lasts
+    ``durations[n]`` seconds (as in test_speedup_noise): each run reads the clock at its start and its end."""
+    readings = iter([t for seconds in durations for t in (100.0, 100.0 + seconds)])
+    return lambda: next(readings)
 
 
 def test_measure_speedup_checks_outputs_against_generate():
     _, target, drafter = context_dependent_bigram()
     prompts = [[3, 1, 4], [2, 7, 1, 8]]
-    result = measure_speedup(target, drafter, prompts, 20, mode="selector", k=4, eos_token_id=[])
+    baseline, speculative = [2.0, 1.5], [0.5, 1.0]
+    durations = [baseline[0], speculative[0], baseline[1], speculative[1]]  # the warm-up runs are not timed
+    result = measure_speedup(
+        target, drafter, prompts, 20, mode="selector", k=4, eos_token_id=[], clock=scripted_clock(durations)
+    )
     assert result["outputs_equal"] and result["mismatches"] == []
     assert result["new_tokens"] == result["baseline_new_tokens"] == 40
-    assert len(result["baseline_prompt_seconds"]) == len(result["speculative_prompt_seconds"]) == 2
-    assert result["speedup"] == result["baseline_seconds"] / result["speculative_seconds"] > 0
+    assert result["baseline_prompt_seconds"] == baseline and result["speculative_prompt_seconds"] == speculative
+    assert result["speedup"] == pytest.approx(3.5 / 1.5)
+    assert result["speculative_tokens_per_second"] == pytest.approx(40 / 1.5)
     assert result["tau"] > 1.5  # the oracle-like drafter is accepted often
 
     # a drafter that is not lossless (a broken verifier) is reported, loudly

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.targets import greedy_reference, make_tiny_qwen3
 from torch import nn
 
+import dspark_lightning.decoding.cost as cost_module
 from dspark_lightning.decoding import measure_verify_cost, speculative_generate
 from dspark_lightning.decoding.kernels import PackedLinears, packed_kernels_available
 from dspark_lightning.decoding.target_forwards import TargetForwards
@@ -119,10 +121,23 @@ def test_the_packed_verify_forward_gives_every_head_row_against_a_float64_refere
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-def test_the_verify_cost_model_times_the_packed_forward():
+def test_the_verify_cost_model_times_the_packed_forward(monkeypatch):
     model = make_tiny_qwen3(vocab_size=48, hidden_size=32, num_layers=2, seed=0)
-    t0, t1 = measure_verify_cost(model, prompt_length=8, max_block=3, repeats=2, packed_verify=True)
-    assert t0 > 0 and t1 >= 0
+    # a virtual clock: each decoder forward over m tokens lasts 0.15 + 0.05 m seconds, so the verify forward over
+    # n + 1 tokens lasts T(n) = 0.2 + 0.05 n; the 8-token prompt forward before it (0.55 s) must not be timed
+    now = [0.0]
+
+    def advance(module, args, kwargs):
+        now[0] += 0.15 + 0.05 * kwargs["input_ids"].shape[1]
+
+    handle = model.model.register_forward_pre_hook(advance, with_kwargs=True)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(cost_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+            t0, t1 = measure_verify_cost(model, prompt_length=8, max_block=3, repeats=2, packed_verify=True)
+    finally:
+        handle.remove()
+    assert (t0, t1) == pytest.approx((0.2, 0.05))
     assert not any("forward" in m.__dict__ for m in model.modules())
     # the packed path is really taken: it refuses what PackedLinears refuses, where the default path would time it
     measure_verify_cost(model.double(), prompt_length=8, max_block=2, repeats=1)
