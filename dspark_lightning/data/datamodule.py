@@ -265,8 +265,8 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
         spec, named = {"train": self.train_files, "validation": self.val_files, "test": self.test_files}[split], split
         if spec is None and self.id_split is not None:
             spec, named = self.train_files, "train"  # validation / test carved out of the training files by id
-        if spec is None:
-            raise ValueError(f"no {self._option(split, options)} configured")
+        if spec is None:  # an OptionError: one line naming what to set (the CLI adds the run's config.yaml)
+            raise OptionError(f"no {self._option(split, options)} configured: the {split} split has no files")
         return resolve_source(spec, default_split=split, option=self._option(named, options))
 
     def _distributed_context(self) -> tuple[int, int]:

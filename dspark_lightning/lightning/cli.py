@@ -16,7 +16,8 @@ or clobber one. Next to the resolved ``config.yaml`` it writes ``data_format.jso
 
 ``--ckpt_path`` is read with ``weights_only=True`` and checked before anything is built: a file that is not a
 checkpoint, or one holding NaN/inf weights, is refused. Resuming (or validating) never silently replaces model
-arguments: a model argument whose value differs from the checkpoint's hyper-parameter is an error naming it.
+arguments: a model argument given (not left at its default) whose value differs from the checkpoint's hyper-parameter
+is an error naming it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.errors import OptionError
+from dspark_lightning.lightning.checkpoint import recorded_path
 from dspark_lightning.lightning.config import GROUPS, migrate_hparams
+from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.lightning.run_dirs import (
     DATA_FORMAT_FILE,
@@ -83,14 +86,29 @@ class DSparkCLI(LightningCLI):
             )
         if not ckpt_path or (ckpt_path in ("last", "best", "hpc", "registry") and not os.path.exists(ckpt_path)):
             return super()._parse_ckpt_path()
+        data = self.config[subcommand].get("data")
+        if subcommand in ("validate", "test") and data is not None and not (data.val_files or data.test_files):
+            if not (data.train_files and data.split_by_id):  # Lightning restores the model's options, not the data's
+                run_config = Path(ckpt_path).parent.parent / "config.yaml"
+                given = f"--config {run_config} (the run's own)" if run_config.is_file() else "the run's --config"
+                raise OptionError(
+                    f"{subcommand} --ckpt_path {ckpt_path}: no data.val_files configured (a checkpoint restores the "
+                    f"model's options, not the data's); pass {given} or --data.val_files"
+                )
         checkpoint = read_checkpoint(ckpt_path)
         check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
         given = self.config[subcommand].model.clone()
         # what Lightning's own _parse_ckpt_path does, after moving old flat hyper-parameters into their groups
         hparams = migrate_hparams(checkpoint.get("hyper_parameters", {}))
+        base = checkpoint.get(WORKING_DIRECTORY)  # relative target and vocabulary paths as decode reads them
+        for group, option in (("target", "path"), ("drafter", "draft_vocab")):
+            if isinstance(hparams.get(group), dict) and hparams[group].get(option):
+                hparams[group] = hparams[group] | {option: recorded_path(hparams[group][option], base)}
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-        differing = model_argument_differences(given, self.config[subcommand].model)
+        # an option left at its default was not given: `validate --ckpt_path X` alone takes the checkpoint's values
+        defaults = self._subcommand_parsers[subcommand].get_defaults().model
+        differing = model_argument_differences(given, self.config[subcommand].model, defaults)
         if differing:
             listed = "; ".join(
                 f"--model.{key}: given {mine!r}, checkpoint {theirs!r}" for key, mine, theirs in differing
@@ -156,13 +174,19 @@ def option_error_in_union(error: ValueError) -> OptionError | None:
     return OptionError(ours[0]) if ours else None
 
 
-def model_argument_differences(given, from_checkpoint) -> list[tuple[str, object, object]]:
-    """``(group.field, given value, checkpoint value)`` for every model option the checkpoint changes."""
+def model_argument_differences(given, from_checkpoint, defaults=None) -> list[tuple[str, object, object]]:
+    """``(group.field, given value, checkpoint value)`` for every model option the checkpoint changes; with
+    ``defaults``, options whose given value is the default count as not given."""
     mine, theirs = _flat_options(given.as_dict()), _flat_options(from_checkpoint.as_dict())
+    unset = _flat_options(defaults.as_dict()) if defaults is not None else {}
     for values in (mine, theirs):
         values.pop("drafter.mask_token_id", None)  # linked from the data module when the model is built, never given
     keys = sorted(k for k in set(mine) | set(theirs) if not k.startswith("_"))
-    return [(key, mine.get(key), theirs.get(key)) for key in keys if mine.get(key) != theirs.get(key)]
+    return [
+        (key, mine.get(key), theirs.get(key))
+        for key in keys
+        if mine.get(key) != theirs.get(key) and not (key in unset and mine.get(key) == unset[key])
+    ]
 
 
 def _flat_options(values: dict, prefix: str = "") -> dict:
@@ -170,6 +194,7 @@ def _flat_options(values: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in values.items():
         if isinstance(value, dict) and key in (*GROUPS, "markov_head"):
+            value = value.get("init_args", value) if "class_path" in value else value  # the parser's default's form
             flat |= _flat_options(value, f"{prefix}{key}.")
         else:
             flat[prefix + key] = value
