@@ -25,7 +25,7 @@ def test_validate_with_only_the_checkpoint_and_data_takes_the_checkpoints_model(
             "--data.limit_val_samples=8",
             "--trainer.limit_val_batches=1",
             "--trainer.enable_progress_bar=false",
-        ]  # fmt: skip
+        ]
     )
     drafter = cli.model.drafter_config
     assert (drafter.max_anchors, drafter.markov_head.rank) == (8, 64)  # the checkpoint's, not the defaults (64, 256)
