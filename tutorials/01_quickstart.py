@@ -211,7 +211,8 @@ for run in offline_runs:
 
 # %% [markdown]
 # To upload it later (after `wandb login`), sync the directory; to log online from the start, set
-# `WANDB_MODE=online` before training (or add `configs/logger/wandb.yaml` to any config):
+# `WANDB_MODE=online` before training (`configs/logger/wandb.yaml` adds the same logger to any other config; it too
+# stays offline unless `WANDB_MODE=online`):
 
 # %%
 print(f"wandb sync {offline_runs[-1]}" if offline_runs else "no offline run (WANDB_MODE=disabled?)")

@@ -20,7 +20,7 @@
 # serving engine batching many requests pays for every verified slot. The **confidence head** predicts, for every
 # slot `k`, `c_k ≈ P(slot k accepted | all earlier slots accepted)`. Its training target is the analytic acceptance
 # probability `α_k = Σ_v min(q_k(v), p_k(v)) = 1 - TV(q_k, p_k)` of the draft distribution `q` against the target's
-# `p` (binary cross-entropy, detached from the drafter).
+# `p` (binary cross-entropy against the detached `α`; the gradient reaches the drafter through the head's inputs).
 #
 # What a scheduler uses is the **prefix survival** `a_n = c_0 · c_1 ··· c_n`: the probability that the first `n + 1`
 # drafted tokens are all accepted. Verify only the slots with `a_n ≥ threshold`, and a block with a shaky start costs
@@ -79,7 +79,7 @@ pd.Series({f"val/confidence/{n}": round(float(metrics[f"val/confidence/{n}"]), 4
 #
 # `collect_blocks` gathers the validation blocks with the confidence logits and the acceptance `α` of every slot. On
 # average per slot, the head should track `α` (the validation metrics `val/confidence/mean_confidence/slot_k` and
-# `val/confidence/mean_alpha/slot_k` are the same numbers):
+# `val/confidence/mean_alpha/slot_k` measure the same, over the validation's own batches):
 
 # %%
 blocks = collect_blocks(module, cli.datamodule.val_dataloader(), max_blocks=1024)
@@ -169,7 +169,8 @@ fig.tight_layout()
 # Raising the threshold cuts the verified length much faster than it cuts tau: the slots it drops are the ones
 # that would have been rejected anyway. Where to stop depends on what a verified token costs. The **cost model**
 # option picks the length per step that maximises expected emitted tokens per unit cost,
-# `(1 + Σ_{j≤n} a_j) / (t0 + t1·n)`, for a verifier whose forward costs `t0 + t1·n`:
+# `(1 + Σ_{j<n} a_j) / (t0 + t1·n)` for `n` verified slots (slots counted from 0, as `a_n` above), for a verifier
+# whose forward costs `t0 + t1·n`:
 
 # %%
 for cost_model in [(1.0, 0.02), (1.0, 0.2), (1.0, 1.0)]:

@@ -88,7 +88,8 @@ pd.DataFrame(table)
 #   `seq_len` (`python -m benchmarks.bench_scaling` measures step time and memory against both; the loss is computed
 #   in row chunks so the `(A·B) x Vd` logits never exist in several fp32 copies).
 # - **`loss.gamma`** of the `exp(-k/gamma)` position weights grows with the block size, so late slots still learn.
-# - **`drafter.attention_backend: flex`** compiles FlexAttention block masks on CUDA (SDPA with a dense mask on CPU).
+# - **`drafter.attention_backend`**: `flex` compiles FlexAttention block masks on CUDA (it has no backward on CPU, so
+#   a CPU fit refuses it); `auto`, the default, picks flex on CUDA and SDPA with a dense boolean mask elsewhere.
 # - **Precision**: `bf16-mixed` for the drafter; the frozen target is loaded in `model.target.dtype`.
 # - **Data**: a hub ShareGPT dataset, streamed (never downloaded whole); train on *on-policy* data - the target's
 #   own answers - for a drafter that matches what the target will actually generate:
@@ -96,7 +97,7 @@ pd.DataFrame(table)
 # %%
 show(
     "dspark-lightning regenerate --target Qwen/Qwen3-8B --data Aeala/ShareGPT_Vicuna_unfiltered:train "
-    "--output data/qwen3_8b_regenerated",
+    "--output data/qwen3_8b_regenerated --chat_template_kwargs '{enable_thinking: false}'",
     "dspark-lightning fit --config configs/qwen3_8b_sharegpt.yaml --data.train_files 'data/qwen3_8b_regenerated/*.jsonl'",
 )
 
@@ -183,9 +184,15 @@ show(
 # %%
 show(
     "dspark-lightning cache --target Qwen/Qwen3-8B --data 'data/qwen3_8b_regenerated/*.jsonl' "
-    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --dry_run true",
+    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --dry_run true "
+    "--chat_template_kwargs '{enable_thinking: false}'",
     "dspark-lightning cache --target Qwen/Qwen3-8B --data 'data/qwen3_8b_regenerated/*.jsonl' "
-    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --device_map auto",
+    "--output cache/qwen3_8b/train --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --device_map auto "
+    "--chat_template_kwargs '{enable_thinking: false}'",
+    "# the validation cache, from the config's data.val_files (held-out conversations of your domain):\n"
+    "dspark-lightning cache --target Qwen/Qwen3-8B --data 'assets/data/sharegpt/validation-*.jsonl' "
+    "--output cache/qwen3_8b/val --seq_len 8192 --block_size 16 --layers '[1,9,17,25,33]' --device_map auto "
+    "--chat_template_kwargs '{enable_thinking: false}'",
     "dspark-lightning fit --config configs/qwen3_8b_sharegpt.yaml --config configs/cache.yaml "
     "--data.train_cache cache/qwen3_8b/train --data.val_cache cache/qwen3_8b/val",
 )
