@@ -90,7 +90,9 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, c
     assert "54/54" in printed.err and "ETA" in printed.err
     # the tables fit 80 columns: every (mode, schedule) row on one line, with all its cells
     lines = printed.out[printed.out.index(plan) + len(plan) :].splitlines()
-    assert max(map(len, lines)) <= 80
+    notes = [line for line in lines if line.startswith("? ")]  # a "too noisy to trust" note on a loaded machine
+    assert all("too noisy to trust" in note for note in notes)  # a note is one whole line, never wrapped
+    assert max(len(line) for line in lines if line not in notes) <= 80
     row_lines = [line for line in lines if re.match(r" ?(parallel|markov|selector) +(-|0\.30|cost model) +\d", line)]
     assert len(row_lines) == 9 * 3  # numbers, accepted rate per slot, ms per phase
 
