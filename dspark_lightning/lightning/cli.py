@@ -91,9 +91,10 @@ class DSparkCLI(LightningCLI):
             if not (data.train_files and data.split_by_id):  # Lightning restores the model's options, not the data's
                 run_config = Path(ckpt_path).parent.parent / "config.yaml"
                 given = f"--config {run_config} (the run's own)" if run_config.is_file() else "the run's --config"
+                files = "data.val_files" if subcommand == "validate" else "data.test_files (or data.val_files)"
                 raise OptionError(
-                    f"{subcommand} --ckpt_path {ckpt_path}: no data.val_files configured (a checkpoint restores the "
-                    f"model's options, not the data's); pass {given} or --data.val_files"
+                    f"{subcommand} --ckpt_path {ckpt_path}: no {files} configured (a checkpoint restores the "
+                    f"model's options, not the data's); pass {given} or --{files.split()[0]}"
                 )
         checkpoint = read_checkpoint(ckpt_path)
         check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")

@@ -37,8 +37,11 @@ def test_an_option_given_still_must_match_the_checkpoint(checkpoint, tmp_path):
         cli_main(["validate", *fit_args(tmp_path), f"--ckpt_path={checkpoint}", "--model.drafter.markov_head.rank=32"])
 
 
-def test_validate_without_data_names_the_runs_own_config(checkpoint):
+@pytest.mark.parametrize(("command", "files"), [("validate", "data.val_files"), ("test", "data.test_files")])
+def test_validate_or_test_without_data_names_the_runs_own_config(checkpoint, command, files):
     run_config = checkpoint.parent.parent / "config.yaml"
     assert run_config.is_file()
-    with pytest.raises(OptionError, match=rf"no data\.val_files configured .*pass --config {run_config} \(the run's"):
-        cli_main(["validate", f"--ckpt_path={checkpoint}"])
+    with pytest.raises(
+        OptionError, match=rf"no {files}.* configured .*pass --config {run_config} \(the run's .* --{files}$"
+    ):
+        cli_main([command, f"--ckpt_path={checkpoint}"])
