@@ -46,10 +46,9 @@ def load_checkpoint_module(
         )
     hparams = {name: dict(group) for name, group in migrate_hparams(checkpoint["hyper_parameters"]).items()}
     hparams["training"]["compile"] = False
-    base = checkpoint.get(WORKING_DIRECTORY)
-    hparams["target"]["path"] = target if target is not None else recorded_path(hparams["target"]["path"], base)
-    if hparams["drafter"].get("draft_vocab"):
-        hparams["drafter"]["draft_vocab"] = recorded_path(hparams["drafter"]["draft_vocab"], base)
+    hparams = with_recorded_paths(hparams, checkpoint.get(WORKING_DIRECTORY))
+    if target is not None:
+        hparams["target"]["path"] = target
     if features is not None:
         hparams["target"]["features"] = features
     state = checkpoint["state_dict"]
@@ -70,6 +69,19 @@ def load_checkpoint_module(
             f"missing {sorted(needed & set(missing))[:8]}, unexpected {sorted(unexpected)[:8]}"
         )
     return module.eval()
+
+
+MODEL_PATH_OPTIONS = (("target", "path"), ("drafter", "draft_vocab"))  # model options that may name local paths
+
+
+def with_recorded_paths(hparams: dict, base: str | None) -> dict:
+    """``hparams`` (groups of a checkpoint's model options) with each relative path of ``MODEL_PATH_OPTIONS`` read as
+    ``recorded_path`` reads it; the groups are copied, the checkpoint's own dicts are left as they were."""
+    hparams = dict(hparams)
+    for group, option in MODEL_PATH_OPTIONS:
+        if isinstance(hparams.get(group), dict) and hparams[group].get(option):
+            hparams[group] = hparams[group] | {option: recorded_path(hparams[group][option], base)}
+    return hparams
 
 
 def recorded_path(value, base: str | None):

@@ -36,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.errors import OptionError
-from dspark_lightning.lightning.checkpoint import recorded_path
+from dspark_lightning.lightning.checkpoint import with_recorded_paths
 from dspark_lightning.lightning.config import GROUPS, migrate_hparams
 from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
 from dspark_lightning.lightning.module import DSparkModule
@@ -101,10 +101,7 @@ class DSparkCLI(LightningCLI):
         given = self.config[subcommand].model.clone()
         # what Lightning's own _parse_ckpt_path does, after moving old flat hyper-parameters into their groups
         hparams = migrate_hparams(checkpoint.get("hyper_parameters", {}))
-        base = checkpoint.get(WORKING_DIRECTORY)  # relative target and vocabulary paths as decode reads them
-        for group, option in (("target", "path"), ("drafter", "draft_vocab")):
-            if isinstance(hparams.get(group), dict) and hparams[group].get(option):
-                hparams[group] = hparams[group] | {option: recorded_path(hparams[group][option], base)}
+        hparams = with_recorded_paths(hparams, checkpoint.get(WORKING_DIRECTORY))  # as decode reads them
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         # an option left at its default was not given: `validate --ckpt_path X` alone takes the checkpoint's values

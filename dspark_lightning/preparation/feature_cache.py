@@ -79,10 +79,10 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     from safetensors.torch import save_file  # deferred: only the writer needs it, not `--help`
     from transformers import AutoConfig  # deferred: heavy import
 
-    with loading("--target", args.target):
-        config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     if args.layers is not None and not args.layers:  # `[]` read as "the default" surprised; omitting it says that
         raise OptionError("--layers [] selects no target layers; omit --layers for the default spread")
+    with loading("--target", args.target):
+        config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
     layer_ids = args.layers or default_target_layer_ids(config.num_hidden_layers, args.num_draft_layers)
     datamodule = ShareGPTDataModule(
         tokenizer=args.target,
