@@ -1,7 +1,7 @@
 """The ``dspark-lightning`` command line (also ``python -m dspark_lightning``): one table of every command.
 
 ``fit``, ``validate``, ``test`` are LightningCLI subcommands over ``DSparkModule`` and ``ShareGPTDataModule``
-(``lightning/cli.py``); every other command is a typed function whose signature and docstring jsonargparse turns into
+(``lightning/fit.py``); every other command is a typed function whose signature and docstring jsonargparse turns into
 options, so each command takes ``--help``, ``--config FILE`` and ``--print_config`` the same way, and options are
 spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes '[parallel,markov]'``), flags take a value
 (``--dry_run true``).
@@ -25,18 +25,18 @@ from contextlib import contextmanager
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from dspark_lightning.data.regenerate import regenerate_command
 from dspark_lightning.errors import UserError
-from dspark_lightning.evaluation.calibrate_command import calibrate_command
-from dspark_lightning.evaluation.decode_command import decode_command
+from dspark_lightning.evaluation.calibrate import calibrate_command
+from dspark_lightning.evaluation.decode import decode_command
 from dspark_lightning.interop.export import export_command
-from dspark_lightning.interop.gguf_import import import_gguf_command
-from dspark_lightning.lightning.cli import LIGHTNING_COMMANDS, lightning_main
+from dspark_lightning.interop.import_gguf import import_gguf_command
+from dspark_lightning.lightning.fit import LIGHTNING_COMMANDS, lightning_main
+from dspark_lightning.preparation.cache import cache_command
 from dspark_lightning.preparation.draft_vocab import draft_vocab_command
-from dspark_lightning.preparation.feature_cache import cache_command
-from dspark_lightning.studies.demo_report import report_command
+from dspark_lightning.preparation.regenerate import regenerate_command
 from dspark_lightning.studies.loss_study import loss_study_command
-from dspark_lightning.studies.recipe_report import report_recipe_command
+from dspark_lightning.studies.report import report_command
+from dspark_lightning.studies.report_recipe import report_recipe_command
 
 TOOL_COMMANDS: dict[str, Callable[..., object]] = {
     "import-gguf": import_gguf_command,

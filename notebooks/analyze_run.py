@@ -46,8 +46,8 @@ import torch
 import yaml
 
 from dspark_lightning.cli import cli_main
+from dspark_lightning.decoding.decode_tables import measured_decoding
 from dspark_lightning.evaluation.calibration_stats import heldout_calibration
-from dspark_lightning.evaluation.decode_tables import measured_decoding
 from dspark_lightning.evaluation.loading import load_trained
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.selector import equivalence_report

@@ -14,7 +14,7 @@ the weights on the same torch build and thread count):
         expected_generation.json                                        stored greedy continuation for the tests
 
 Design choices: each stage reads the previous stage's files from disk (so stages can be rerun alone); all randomness
-comes from ``--seed``; the regenerate stage uses the project's reusable ``dspark_lightning.data.regenerate`` on a
+comes from ``--seed``; the regenerate stage uses the project's reusable ``dspark_lightning.preparation.regenerate`` on a
 documented subset of the training split to keep the asset build within minutes.
 """
 

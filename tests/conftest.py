@@ -55,7 +55,7 @@ def smollm2_target(tmp_path_factory):
     import json
     from pathlib import Path
 
-    from dspark_lightning.interop import import_gguf
+    from dspark_lightning.interop.import_gguf import import_gguf
 
     existing = os.environ.get("DSPARK_SMOLLM2_DIR")  # an already imported directory (saves the minute when iterating)
     if existing:

@@ -47,7 +47,7 @@ import torch
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.evaluation.decode_tables import measured_decoding
+from dspark_lightning.decoding.decode_tables import measured_decoding
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report, pair_scores, selector_decode, sequential_decode

@@ -43,9 +43,9 @@ import torch
 from dspark_lightning import plotting
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
+from dspark_lightning.decoding.decode_tables import decode_table
 from dspark_lightning.evaluation.calibration import prefix_quantities
 from dspark_lightning.evaluation.calibration_stats import heldout_calibration
-from dspark_lightning.evaluation.decode_tables import decode_table
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.studies.quiet_output import quiet_logs
 from dspark_lightning.studies.runs import demo_fit_args

@@ -39,11 +39,11 @@ from transformers import AutoModelForCausalLM
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.records import iter_local_records
-from dspark_lightning.data.regenerate import regenerate
 from dspark_lightning.data.sharegpt import BadRecordCounter, IdSplit, iter_conversations, resolve_source
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.interop import import_gguf
+from dspark_lightning.interop.import_gguf import import_gguf
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
+from dspark_lightning.preparation.regenerate import regenerate
 from dspark_lightning.studies.quiet_output import quiet_logs
 from dspark_lightning.studies.runs import REPO_ROOT as REPO
 

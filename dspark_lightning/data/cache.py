@@ -1,7 +1,7 @@
 """Offline target cache: run the frozen target once over the packed dataset, train many drafters from the result.
 
 This module is the format and the reader (the data layer never loads a model); the writer, which runs the target, is
-``dspark_lightning.preparation.feature_cache``. Usage (wired as ``dspark-lightning cache``)::
+``dspark_lightning.preparation.cache``. Usage (wired as ``dspark-lightning cache``)::
 
     dspark-lightning cache --target Qwen/Qwen3-8B --data 'sharegpt/*.jsonl' --output cache/train \\
         --seq_len 4096 --batch_size 8 [--layers '[1,17,33]' | --num_draft_layers 3] [--dtype bfloat16] [--limit N]

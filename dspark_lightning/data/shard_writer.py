@@ -1,4 +1,4 @@
-"""Resumable ShareGPT JSON Lines shards: the output of ``regenerate`` (``data/regenerate.py`` describes the layout).
+"""Resumable ShareGPT JSON Lines shards: the output of ``regenerate`` (``preparation/regenerate.py`` describes the layout).
 
 A restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
 cut off, and writing continues in the last shard.

@@ -65,6 +65,9 @@ class TeacherForcedBlocks:
 
 @dataclass
 class IdentityResult:
+    """One mode's train/serve identity check: whether decoding drafted the blocks training scored, and the three tau
+    figures that must then agree (measured, teacher-forced, the training metric)."""
+
     mode: str
     steps: int
     blocks_equal: bool

@@ -11,10 +11,9 @@ from dataclasses import asdict
 
 import torch
 
-from dspark_lightning.decoding.eval_report import PromptDecodeRecord
 from dspark_lightning.decoding.kernels import PackedLinears
 from dspark_lightning.decoding.loop import speculative_generate
-from dspark_lightning.decoding.stats import DecodeStats
+from dspark_lightning.decoding.stats import DecodeStats, PromptDecodeRecord
 from dspark_lightning.decoding.target_forwards import causal_lm
 
 # the baseline's per-prompt tokens/s varies across prompts by little on a quiet machine (same target, similar

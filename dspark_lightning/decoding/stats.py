@@ -155,3 +155,62 @@ class PhaseClock:
         name = f"{phase}_seconds"
         setattr(self.stats, name, getattr(self.stats, name) + now - self.last)
         self.last = now
+
+
+@dataclass(frozen=True)
+class PromptDecodeRecord:
+    """What decoding one prompt of an evaluation set measured.
+
+    ``accepted_per_slot[k]``: in how many of this prompt's verification steps drafted slot ``k`` was accepted.
+    ``baseline_seconds`` / ``speculative_seconds``: wall time of the target's own greedy generate and of speculative
+    decoding on this prompt (both or neither). ``outputs_equal``: whether the two outputs were equal token for
+    token (None: not compared). ``packed_generate_seconds``: the target's greedy generate on the packed kernels the
+    speculative run verified with (``measure_speedup(packed_verify=True)``), else None.
+    """
+
+    emitted_tokens: int
+    target_forwards: int
+    accepted_per_slot: list[int] = field(default_factory=list)
+    baseline_seconds: float | None = None
+    speculative_seconds: float | None = None
+    outputs_equal: bool | None = None
+    packed_generate_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.target_forwards < 1 or self.emitted_tokens < 0:
+            raise ValueError(
+                f"a prompt needs target_forwards >= 1 and emitted_tokens >= 0, got {self.target_forwards} and "
+                f"{self.emitted_tokens}"
+            )
+        if any(count < 0 or count > self.target_forwards for count in self.accepted_per_slot):
+            raise ValueError(f"accepted_per_slot counts must lie in [0, target_forwards]: {self.accepted_per_slot}")
+        if (self.baseline_seconds is None) != (self.speculative_seconds is None):
+            raise ValueError("give both baseline_seconds and speculative_seconds, or neither")
+        if self.packed_generate_seconds is not None and self.speculative_seconds is None:
+            raise ValueError("packed_generate_seconds needs the speculative_seconds it is compared with")
+
+    @property
+    def has_timing(self) -> bool:
+        return self.baseline_seconds is not None
+
+    @classmethod
+    def from_stats(
+        cls,
+        stats: DecodeStats,
+        *,
+        baseline_seconds: float | None = None,
+        speculative_seconds: float | None = None,
+        outputs_equal: bool | None = None,
+        packed_generate_seconds: float | None = None,
+    ) -> PromptDecodeRecord:
+        """The record of one prompt's ``speculative_generate`` run (its ``DecodeStats``, not a merged one)."""
+        longest = max(stats.accepted_per_step, default=0)
+        return cls(
+            emitted_tokens=sum(stats.emitted_per_step),
+            target_forwards=stats.target_forwards,
+            accepted_per_slot=[sum(1 for a in stats.accepted_per_step if a > slot) for slot in range(longest)],
+            baseline_seconds=baseline_seconds,
+            speculative_seconds=speculative_seconds,
+            outputs_equal=outputs_equal,
+            packed_generate_seconds=packed_generate_seconds,
+        )

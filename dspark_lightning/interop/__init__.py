@@ -1,7 +1,8 @@
 """Other tools' formats: the speculators DSpark format (``speculators_format``), loading such a directory
 (``speculators_load``), exporting a checkpoint to it (``export``, the ``export`` command), checking an export
 against the speculators library itself (``speculators_parity``) and materialising a GGUF target as a Hugging Face
-directory (``gguf_import``, the ``import-gguf`` command)."""
+directory (``import_gguf``, the ``import-gguf`` command: import its functions from that module, whose name is
+also its main function's)."""
 
 from dspark_lightning import lazy_exports
 
@@ -19,9 +20,6 @@ _EXPORTS = {
     "export_drafter": "dspark_lightning.interop.export",
     "exported_tensors": "dspark_lightning.interop.export",
     "read_checkpoint": "dspark_lightning.interop.export",
-    "import_gguf": "dspark_lightning.interop.gguf_import",
-    "import_gguf_command": "dspark_lightning.interop.gguf_import",
-    "resolve_gguf": "dspark_lightning.interop.gguf_import",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -22,11 +22,11 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from dspark_lightning import plotting
-from dspark_lightning.data.eval_sets import EVAL_SETS, EvalSetName, datamodule_prompt_ids
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.decoding.identity import record_decode, teacher_forced_blocks
 from dspark_lightning.errors import OptionError
-from dspark_lightning.lightning.eval_set_metrics import decode_eval_set, eval_set_metrics, eval_set_summary
+from dspark_lightning.eval_sets.sets import EVAL_SETS, EvalSetName, datamodule_prompt_ids
+from dspark_lightning.eval_sets.training import decode_eval_set, eval_set_metrics, eval_set_summary
 from dspark_lightning.progress import stop_requested
 from dspark_lightning.selector import equivalence_report
 
@@ -241,9 +241,9 @@ class SpeculativeDecodingCallback(L.Callback):
     under ``timeout`` ends within seconds instead of after the whole decode.
 
     With ``eval_sets`` it also measures the first ``eval_set_limit`` prompts of each named evaluation set
-    (``data/eval_sets.py``, the sets of ``decode --eval_sets``; docs/design.md §7.8) in each mode and logs
+    (``eval_sets/sets.py``, the sets of ``decode --eval_sets``; docs/design.md §7.8) in each mode and logs
     ``val/decode/<set>/<mode>/tau`` with its 95% bootstrap interval over prompts (``.../tau_ci_low``,
-    ``.../tau_ci_high``) and ``.../num_prompts`` (``lightning/eval_set_metrics.py``); the summaries of the last
+    ``.../tau_ci_high``) and ``.../num_prompts`` (``eval_sets/training.py``); the summaries of the last
     validation are kept in ``last_eval_sets``. ``sharegpt_heldout`` reads ``heldout_files`` (default: the data
     module's ``val_files``) and keeps what ``heldout_split_by_id`` (default: ``data.split_by_id``) assigns to
     validation. The sets are loaded when fit or validate starts, so a missing or malformed set fails before training.

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 
 class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule):
+    """The LightningModule that trains a ``DSparkDrafter`` against a frozen target: anchors sampled per row, the
+    teacher's targets, the compound loss, validation acceptance metrics (its options: ``__init__`` below)."""
+
     def __init__(
         self,
         target: TargetArgs = TargetArgs(),

@@ -10,7 +10,7 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 _PREFIX = "version_"
-DATA_FORMAT_FILE = "data_format.json"  # the run's resolved data format, written next to config.yaml (lightning/cli.py)
+DATA_FORMAT_FILE = "data_format.json"  # the run's resolved data format, written next to config.yaml (lightning/fit.py)
 
 
 def claim_version_dir(root: str | os.PathLike) -> int:

@@ -14,6 +14,9 @@ from lightning.pytorch.loggers import WandbLogger
 
 
 class OfflineFirstWandbLogger(WandbLogger):
+    """Lightning's ``WandbLogger``, offline unless ``WANDB_MODE=online`` (no key, no network), and a true no-op
+    under ``WANDB_MODE=disabled``; every other argument is ``WandbLogger``'s."""
+
     def __init__(self, *args, offline: bool | None = None, **kwargs) -> None:
         mode = os.environ.get("WANDB_MODE", "offline")
         if mode == "disabled":

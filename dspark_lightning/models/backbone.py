@@ -88,6 +88,8 @@ class BackboneConfig:
 
 
 class SwiGLU(nn.Module):
+    """The Qwen3 MLP: ``down(silu(gate(x)) * up(x))``, no biases."""
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)

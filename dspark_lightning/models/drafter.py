@@ -66,6 +66,20 @@ class DrafterOutput:
 
 
 class DSparkDrafter(nn.Module):
+    """The DSpark drafter: a DFlash backbone predicting a block of tokens per anchor in one pass, reading the frozen
+    target's hidden states as extra keys and values, plus the optional Markov and confidence heads
+    (docs/design.md §2, §4, §5).
+
+    Args:
+        config: block size, draft layers, heads and their options (``DrafterConfig``).
+        backbone_config: the draft layers' shape, taken from the target (hidden size, heads, rotary base).
+        embed_tokens: the target's (frozen) input embedding, shared, never trained.
+        lm_head: the target's (frozen) output head, shared; the draft head starts from its draft-vocabulary rows.
+        draft_vocab: the reduced output vocabulary (``d2t``/``t2d``), or None for the target's whole vocabulary.
+        logit_softcap: the target's final logit soft-cap (``final_logit_softcap(target.config)``), applied to the
+            teacher's logits only; the draft logits are the drafter's own.
+    """
+
     def __init__(
         self,
         config: DrafterConfig,
@@ -75,8 +89,6 @@ class DSparkDrafter(nn.Module):
         draft_vocab: DraftVocab | None = None,
         logit_softcap: float | None = None,
     ) -> None:
-        """``logit_softcap``: the target's final logit soft-cap (``final_logit_softcap(target.config)``), applied to
-        the teacher's logits only; the draft logits are the drafter's own."""
         super().__init__()
         self.config = config
         self.logit_softcap = logit_softcap

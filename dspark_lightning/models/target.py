@@ -38,6 +38,9 @@ from dspark_lightning.models.backbone import default_target_layer_ids
 
 @dataclass
 class TargetFeatures:
+    """What the drafter reads from one target forward: the chosen layers' hidden states concatenated
+    [b, S, n·H] (``context_features``) and the final hidden state after the model's norm [b, S, H]."""
+
     context_features: torch.Tensor
     final_hidden: torch.Tensor
 

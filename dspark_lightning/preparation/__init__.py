@@ -1,11 +1,12 @@
-"""Data preparation that runs the target model or its tokenizer: the offline feature cache (``feature_cache``, the
-``cache`` command) and the reduced draft vocabulary (``draft_vocab``, the ``draft-vocab`` command)."""
+"""Data preparation that runs the target model or its tokenizer; one module per command: ``regenerate`` (on-policy
+data from the target, with ``regenerate_completion`` for base models and ``greedy``), ``cache`` (the offline feature
+cache) and ``draft_vocab`` (the reduced draft vocabulary, the ``draft-vocab`` command)."""
 
 from dspark_lightning import lazy_exports
 
 _EXPORTS = {
-    "cache_command": "dspark_lightning.preparation.feature_cache",
-    "write_cache": "dspark_lightning.preparation.feature_cache",
+    "cache_command": "dspark_lightning.preparation.cache",
+    "write_cache": "dspark_lightning.preparation.cache",
     "build_draft_vocab": "dspark_lightning.preparation.draft_vocab",
     "count_tokens": "dspark_lightning.preparation.draft_vocab",
     "draft_vocab_command": "dspark_lightning.preparation.draft_vocab",

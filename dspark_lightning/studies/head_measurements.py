@@ -4,8 +4,8 @@ coverage, held-out calibration (shared by the demo report, the recipe report and
 from __future__ import annotations
 
 from dspark_lightning.decoding import supported_modes
+from dspark_lightning.decoding.decode_tables import measured_decoding
 from dspark_lightning.evaluation.calibration_stats import heldout_calibration
-from dspark_lightning.evaluation.decode_tables import measured_decoding
 from dspark_lightning.evaluation.validation_blocks import collect_blocks
 from dspark_lightning.selector import equivalence_report
 

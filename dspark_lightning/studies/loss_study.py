@@ -4,7 +4,7 @@
     dspark-lightning loss-study --output /tmp/s --losses '[kl,nla]' --seeds '[0]' --budget.steps 4   # a quick look
 
 Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``
-trained through the real CLI by :func:`dspark_lightning.studies.demo_report.train_and_evaluate` (same budget, data and
+trained through the real CLI by :func:`dspark_lightning.studies.report.train_and_evaluate` (same budget, data and
 measuring code as ``dspark-lightning report``). With ``--recipe`` naming a recipe (a YAML file, or a name resolved to
 ``configs/recipes/<name>.yaml``, e.g. ``--recipe smollm2``) the base config is the recipe's fit config, trained and
 measured by ``report-recipe``'s functions without its wall-clock part; only ``steps`` and the evaluation sizes of the
@@ -16,7 +16,7 @@ report is rewritten after every run.
 
 Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
 rate per slot of real greedy speculative decoding with the target. With ``--eval_sets`` each run is also measured on
-the named evaluation sets (``data/eval_sets.py``, as ``decode --eval_sets`` and ``report-recipe --eval_sets``): per
+the named evaluation sets (``eval_sets/sets.py``, as ``decode --eval_sets`` and ``report-recipe --eval_sets``): per
 set the same object as theirs (``eval_set``, ``measured_tau``, ``measured_tau_ci`` ... ``prompt_records``; no wall
 clock, so ``speedup`` is null) in the run's ``eval_sets``. Per loss: mean and sample standard deviation over
 seeds. Significance rule (stated in the report): a difference of means between two losses counts as significant only
@@ -39,15 +39,15 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.checks import dumps_json
-from dspark_lightning.data.eval_sets import EvalSetName, check_eval_sets
 from dspark_lightning.errors import OptionError
-from dspark_lightning.evaluation.eval_set_decoding import DEFAULT_MAX_NEW_TOKENS
+from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS
+from dspark_lightning.eval_sets.sets import EvalSetName, check_eval_sets
 from dspark_lightning.studies.command_lines import command_line
-from dspark_lightning.studies.demo_report import Budget, train_and_evaluate
 from dspark_lightning.studies.loss_study_results import aggregate, markdown_report, plot_study, rerender_study
 from dspark_lightning.studies.quiet_output import quieted
-from dspark_lightning.studies.recipe_report import eval_set_rows, evaluate_head, fit_head
 from dspark_lightning.studies.recipes import Recipe, load_recipe, repo_relative
+from dspark_lightning.studies.report import Budget, train_and_evaluate
+from dspark_lightning.studies.report_recipe import eval_set_rows, evaluate_head, fit_head
 from dspark_lightning.studies.runs import REPO_ROOT
 from dspark_lightning.studies.table_cells import format_number
 
@@ -77,7 +77,7 @@ class EvalSetPlan:
     heldout_split: dict[str, float] | None = None
 
     def measure(self, module, datamodule, mode: str, k: int) -> list[dict]:
-        """Greedy decoding of ``module`` in ``mode`` on each set (``recipe_report.eval_set_rows``, untimed)."""
+        """Greedy decoding of ``module`` in ``mode`` on each set (``report_recipe.eval_set_rows``, untimed)."""
         return eval_set_rows(
             module, datamodule, self.names, mode, k=k, limit=self.limit, max_new_tokens=self.max_new_tokens,
             baseline=False, heldout_files=self.heldout_files, heldout_split=self.heldout_split,

@@ -1,4 +1,4 @@
-"""Two gloo processes run one DSparkModule training step under torch FSDP on CPU (used by tests/lightning/test_scale.py).
+"""Two gloo processes run one DSparkModule training step under torch FSDP on CPU (used by tests/integration/lightning/test_scale.py).
 
 Mirrors Lightning's FSDPStrategy, which refuses CPU: ``configure_model`` inside ``enable_wrap`` (each target decoder
 layer and draft layer becomes a unit), the module wrapped as the root unit, the step run inside the root's forward.

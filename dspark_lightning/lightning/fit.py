@@ -1,0 +1,232 @@
+"""The LightningCLI of ``fit``, ``validate`` and ``test`` over ``DSparkModule`` and ``ShareGPTDataModule``.
+
+Below the commands, so a command that trains (``report``, ``loss-study``, ``report-recipe``) runs exactly what
+``dspark-lightning fit`` runs without importing the command table above it.
+
+The model's options are four groups (``model.target``, ``model.drafter``, ``model.loss``, ``model.training``; see
+``lightning/config.py``) plus the ``optimizer``/``scheduler`` callables. Values that the data and the model share are
+linked, never repeated in YAML: the tokenizer is the target's (``model.target.path`` -> ``data.tokenizer``), the block
+size goes to the data module (``model.drafter.block_size`` -> ``data.block_size``) and the mask token id comes from
+the tokenizer (``data.mask_token_id`` -> ``model.drafter.mask_token_id``).
+
+Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), claimed with
+``os.mkdir`` before anything is written (``lightning/run_dirs.py``), so runs of one name started together never share
+or clobber one. Next to the resolved ``config.yaml`` it writes ``data_format.json``, the data format the run chose
+(``SaveConfigAndDataFormat``).
+
+``--ckpt_path`` is read with ``weights_only=True`` and checked before anything is built: a file that is not a
+checkpoint, or one holding NaN/inf weights, is refused. Resuming (or validating) never silently replaces model
+arguments: a model argument given (not left at its default) whose value differs from the checkpoint's hyper-parameter
+is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from jsonargparse import set_parsing_settings
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_warn
+
+from dspark_lightning.checks import check_finite_state, read_checkpoint
+from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.errors import OptionError
+from dspark_lightning.lightning.checkpoint import with_recorded_paths
+from dspark_lightning.lightning.config import GROUPS, migrate_hparams
+from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
+from dspark_lightning.lightning.module import DSparkModule
+from dspark_lightning.lightning.run_dirs import (
+    DATA_FORMAT_FILE,
+    ClaimRunDirectory,
+    claim_run_directories,
+    remove_unstarted_run_directories,
+)
+
+LIGHTNING_COMMANDS = {
+    "fit": "train a drafter (LightningCLI: --config YAML, --model.*, --data.*, --trainer.*)",
+    "validate": "validate a checkpoint (--ckpt_path) on the validation data",
+    "test": "test a checkpoint (--ckpt_path) on the test data",
+}
+
+
+LINKED_MASK_TOKEN_ID = "--model.drafter.mask_token_id"
+
+
+class SaveConfigAndDataFormat(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``, and next to it ``data_format.json``: the format the run reads its records in
+    (``data.format`` with ``auto`` resolved, what was asked for, why, and whether the tokenizer has a chat template;
+    docs/data.md §1.5). Written by rank 0, once, like the config."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        first = not self.already_saved
+        # on every rank: trainer.log_dir broadcasts rank 0's directory, so asking on rank 0 alone (save_config runs
+        # there only) deadlocks DDP
+        log_dir = trainer.log_dir if first else None
+        super().setup(trainer, pl_module, stage)
+        datamodule = trainer.datamodule
+        if first and trainer.is_global_zero and log_dir is not None and isinstance(datamodule, ShareGPTDataModule):
+            path = Path(log_dir) / DATA_FORMAT_FILE
+            path.write_text(json.dumps(datamodule.data_format.describe(), indent=2) + "\n")
+
+
+class DSparkCLI(LightningCLI):
+    """LightningCLI with the project's links between model and data options and its checks of ``--ckpt_path``."""
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning replaces the model config by the checkpoint's hyper-parameters; refuse when that changes any."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path and subcommand in ("validate", "test"):  # legal (an untrained baseline), rarely meant
+            rank_zero_warn(
+                f"{subcommand} without --ckpt_path measures the drafter as initialised, untrained; pass "
+                "--ckpt_path runs/<name>/version_N/checkpoints/last.ckpt to measure a trained one"
+            )
+        if not ckpt_path or (ckpt_path in ("last", "best", "hpc", "registry") and not os.path.exists(ckpt_path)):
+            return super()._parse_ckpt_path()
+        data = self.config[subcommand].get("data")
+        if subcommand in ("validate", "test") and data is not None and not (data.val_files or data.test_files):
+            if not (data.train_files and data.split_by_id):  # Lightning restores the model's options, not the data's
+                run_config = Path(ckpt_path).parent.parent / "config.yaml"
+                given = f"--config {run_config} (the run's own)" if run_config.is_file() else "the run's --config"
+                files = "data.val_files" if subcommand == "validate" else "data.test_files (or data.val_files)"
+                raise OptionError(
+                    f"{subcommand} --ckpt_path {ckpt_path}: no {files} configured (a checkpoint restores the "
+                    f"model's options, not the data's); pass {given} or --{files.split()[0]}"
+                )
+        checkpoint = read_checkpoint(ckpt_path)
+        check_finite_state(checkpoint["state_dict"], f"--ckpt_path {ckpt_path}")
+        given = self.config[subcommand].model.clone()
+        # what Lightning's own _parse_ckpt_path does, after moving old flat hyper-parameters into their groups
+        hparams = migrate_hparams(checkpoint.get("hyper_parameters", {}))
+        hparams = with_recorded_paths(hparams, checkpoint.get(WORKING_DIRECTORY))  # as decode reads them
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        # an option left at its default was not given: `validate --ckpt_path X` alone takes the checkpoint's values
+        defaults = self._subcommand_parsers[subcommand].get_defaults().model
+        differing = model_argument_differences(given, self.config[subcommand].model, defaults)
+        if differing:
+            listed = "; ".join(
+                f"--model.{key}: given {mine!r}, checkpoint {theirs!r}" for key, mine, theirs in differing
+            )
+            raise OptionError(
+                f"--ckpt_path {ckpt_path} was trained with other model arguments, which it would silently replace: "
+                f"{listed}. Drop these arguments (or set them to the checkpoint's values), or start a new run."
+            )
+
+    def parse_arguments(self, parser, args) -> None:
+        given = sys.argv[1:] if args is None else args
+        if isinstance(given, (list, tuple)) and any(str(a).startswith(LINKED_MASK_TOKEN_ID) for a in given):
+            # jsonargparse would say "int | None is not callable" about the link
+            raise OptionError(
+                f"{LINKED_MASK_TOKEN_ID} is linked from the tokenizer's mask token, not set directly; choose the "
+                "token with --data.mask_token (a token string of the target's vocabulary)"
+            )
+        super().parse_arguments(parser, args)
+
+    def instantiate_classes(self) -> None:
+        # the data module is cheap to build (its tokenizer loads lazily): check the data this stage reads before the
+        # model loads its target, which takes minutes for a large one
+        checked = None
+        if self.subcommand in LIGHTNING_COMMANDS:
+            checked = ShareGPTDataModule(**self._get(self.config, "data").as_dict())
+            checked.check_sources(self.subcommand, configured_only=True)
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            raise (option_error_in_union(error) or error) from None
+        if checked is not None and checked.resolved_format is not None:  # from the same options: logged once
+            self.datamodule.adopt_format(checked.resolved_format)
+
+    def instantiate_trainer(self, **kwargs):
+        # the loggers exist (jsonargparse built them), nothing has read a version yet: claim the run directories now
+        self.claimed_run_dirs = claim_run_directories(self._get(self.config_init, "trainer", default={}).get("logger"))
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, ClaimRunDirectory())  # other ranks take rank 0's versions before anything writes
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if self.trainer.global_step == 0:  # a run that never took a step leaves no directory behind
+                for directory in remove_unstarted_run_directories(getattr(self, "claimed_run_dirs", [])):
+                    logging.getLogger(__name__).info("removed %s: the run failed before its first step", directory)
+            raise
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.target.path", "data.tokenizer", apply_on="parse")
+        parser.link_arguments("model.target.trust_remote_code", "data.trust_remote_code", apply_on="parse")
+        parser.link_arguments("model.drafter.block_size", "data.block_size", apply_on="parse")
+        parser.link_arguments("data.mask_token_id", "model.drafter.mask_token_id", apply_on="instantiate")
+
+
+def option_error_in_union(error: ValueError) -> OptionError | None:
+    """jsonargparse reports an ``OptionError`` raised inside an ``X | None`` option (the Markov head group) as a
+    union mismatch listing every subtype's error: the one that names a ``model.`` option is the user's."""
+    if not str(error).startswith("Does not validate against any of the Union subtypes"):
+        return None
+    ours = [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip().startswith("- model.")]
+    return OptionError(ours[0]) if ours else None
+
+
+def model_argument_differences(given, from_checkpoint, defaults=None) -> list[tuple[str, object, object]]:
+    """``(group.field, given value, checkpoint value)`` for every model option the checkpoint changes; with
+    ``defaults``, options whose given value is the default count as not given."""
+    mine, theirs = _flat_options(given.as_dict()), _flat_options(from_checkpoint.as_dict())
+    unset = _flat_options(defaults.as_dict()) if defaults is not None else {}
+    for values in (mine, theirs):
+        values.pop("drafter.mask_token_id", None)  # linked from the data module when the model is built, never given
+    keys = sorted(k for k in set(mine) | set(theirs) if not k.startswith("_"))
+    return [
+        (key, mine.get(key), theirs.get(key))
+        for key in keys
+        if mine.get(key) != theirs.get(key) and not (key in unset and mine.get(key) == unset[key])
+    ]
+
+
+def _flat_options(values: dict, prefix: str = "") -> dict:
+    """``{"drafter": {"block_size": 8}}`` -> ``{"drafter.block_size": 8}`` (dicts of the loss weights stay whole)."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and key in (*GROUPS, "markov_head"):
+            value = value.get("init_args", value) if "class_path" in value else value  # the parser's default's form
+            flat |= _flat_options(value, f"{prefix}{key}.")
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    """Whether a command line prints option help: ``-h``/``--help``, ``--<key>.help CLASS`` or commented config."""
+    return any(
+        arg in ("-h", "--help") or arg.endswith(".help") or (arg.startswith("--print_config") and "comments" in arg)
+        for arg in argv
+    )
+
+
+def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: str | None = None) -> DSparkCLI:
+    """``fit`` / ``validate`` / ``test`` (``args`` as on the command line, default ``sys.argv[1:]``); the CLI object.
+
+    ``run=False`` parses and builds the model, data module and trainer without running a subcommand (no subcommand
+    word in ``args`` then).
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    # the config groups document each field by a string under it (lightning/config.py): show those in --help. Reading
+    # them parses the source of every class on the command line (the Trainer's too) for each subcommand, about 1.5 s a
+    # call, and only help text uses them, so only a call that prints help reads them.
+    set_parsing_settings(docstring_parse_attribute_docstrings=wants_help(argv))
+    return DSparkCLI(
+        DSparkModule,
+        ShareGPTDataModule,
+        args=None if args is None else argv,
+        run=run,
+        seed_everything_default=0,
+        save_config_callback=SaveConfigAndDataFormat,
+        save_config_kwargs={"overwrite": False},
+        parser_kwargs={"epilog": epilog} if epilog else {},
+    )

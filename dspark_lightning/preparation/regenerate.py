@@ -1,0 +1,387 @@
+"""On-policy data: rewrite every assistant turn of a conversation dataset with the target's own greedy replies, or,
+for a base model without a chat template (``--format completion``, ``regenerate_completion.py``), write completion
+records of plain-text prompts and the target's own greedy continuations.
+
+Usage (wired as ``dspark-lightning regenerate``)::
+
+    dspark-lightning regenerate --target Qwen/Qwen3-0.6B --data 'sharegpt/*.jsonl' --output regen/ \
+        --max_new_tokens 512 --batch_size 16 [--limit N] [--shard_size 1000] [--chat_template_kwargs '{...}'] \
+        [--num_jobs 8 --job_index $SLURM_ARRAY_TASK_ID] [--format completion --prompts '[first_turn,code]']
+
+Design choices (the chat format; the completion format shares output, resuming, progress, jobs and counting):
+- Turn by turn: assistant turn *t* is generated from the conversation up to it, where earlier assistant turns are the
+  target's own (already regenerated) replies and the user/system turns are the originals. So the whole dialogue is
+  what the target would have said, which is the distribution the drafter is evaluated on.
+- Greedy decoding (``do_sample=False``), batched with left padding; a reply ends at the tokenizer's eos (or the
+  model's configured eos ids) or after ``--max_new_tokens`` (counted as ``truncated_replies``).
+- Output: ShareGPT JSON Lines shards ``train-00000.jsonl``, ... of ``--shard_size`` records, each record
+  ``{"id", "conversations"}``. The id is the input record's ``id`` or, without one, a hash of its messages, so a
+  restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
+  cut off, ids already present are skipped and writing continues in the last shard. ``--limit`` caps the total number
+  of records in the output directory, so rerunning the same command finishes an interrupted job.
+- Progress: a bar with an ETA over the records still wanted (``--limit``) or this job's conversations still to do.
+  SIGTERM stops it between batches (a second one at once), with every written record whole: the summary says
+  ``stopped``, the exit status is 143, and rerunning the same command continues.
+- Parallel jobs: ``--num_jobs N --job_index i`` (e.g. one process per GPU, or a SLURM array) regenerates valid
+  records i, i+N, ... and writes ``train-iiiofNNN-00000.jsonl`` ... into the same ``--output``; each job only scans
+  and resumes its own shards, and ``train-*.jsonl`` reads all of them as one dataset. ``--limit`` is per job.
+- Invalid input records are skipped and counted by reason (the same validation as training); a turn whose prompt is
+  longer than ``--max_prompt_tokens`` ends the conversation there (records with no regenerated turn are dropped and
+  counted); an empty reply drops the record (counted), since an empty assistant turn is not trainable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+
+from dspark_lightning.checks import usable_device
+from dspark_lightning.data.records import RawRecord, iter_local_records, limit_shards
+from dspark_lightning.data.shard_writer import ResumableShardWriter, to_sharegpt
+from dspark_lightning.data.sharegpt import IdSplit, InvalidRecord, conversation_id, resolve_source, to_conversation
+from dspark_lightning.errors import OptionError, loading
+from dspark_lightning.preparation.greedy import eos_token_ids, greedy_new_tokens, pad_token_id
+from dspark_lightning.preparation.regenerate_completion import (
+    PROMPT_KINDS,
+    GreedyContinuation,
+    code_chat_prompts,
+    read_prompt_records,
+    record_prompts,
+    regenerate_format,
+)
+from dspark_lightning.progress import progress_bar, stop_on_sigterm
+
+__all__ = ["GreedyRegenerator", "ResumableShardWriter", "read_conversations", "regenerate", "regenerate_command"]
+
+
+def read_raw_records(data: str | Sequence[str]) -> Iterable[RawRecord]:
+    """The raw records of ``data`` in order (local files with file and line, or a streamed hub dataset)."""
+    source = resolve_source(data, option="--data")
+    if source.is_hub:
+        from datasets import load_dataset
+
+        with loading("--data", source.hub_id):
+            rows = load_dataset(source.hub_id, source.hub_config, split=source.hub_split, streaming=True)
+        return (RawRecord(row, source.describe(), None) for row in rows)
+    return iter_local_records(limit_shards(source.files, None))
+
+
+def read_conversations(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """``(id, messages)`` of every valid record of ``data`` in order; invalid ones are counted by reason."""
+    for raw in read_raw_records(data):
+        try:
+            messages = to_conversation(raw).messages
+        except InvalidRecord as bad:
+            counts[f"bad_record:{bad.reason}"] += 1
+            continue
+        yield conversation_id(raw.record, messages), messages
+
+
+class GreedyRegenerator:
+    """Batched greedy generation of assistant turns with one target model and tokenizer."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_new_tokens: int,
+        max_prompt_tokens: int | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        max_turns: int | None = None,
+    ):
+        self.model, self.tokenizer, self.max_turns = model, tokenizer, max_turns
+        self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
+        self.template_kwargs = dict(template_kwargs or {})
+        self.pad_token_id = pad_token_id(tokenizer)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
+
+    def generate_replies(self, prompts: Sequence[Sequence[dict[str, str]]], counts: Counter) -> list[str]:
+        """One greedy reply per prompt (each prompt ends before the assistant turn to write)."""
+        encoded = [
+            self.tokenizer.apply_chat_template(
+                list(p), tokenize=True, add_generation_prompt=True, return_dict=False, **self.template_kwargs
+            )
+            for p in prompts
+        ]
+        new = greedy_new_tokens(self.model, encoded, self.max_new_tokens, self.eos_token_ids, self.pad_token_id, counts)
+        return [self.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in new]
+
+    def prompt_length(self, messages: Sequence[dict[str, str]]) -> int:
+        return len(
+            self.tokenizer.apply_chat_template(
+                list(messages), tokenize=True, add_generation_prompt=True, return_dict=False, **self.template_kwargs
+            )
+        )
+
+    def regenerate_batch(
+        self, batch: Sequence[tuple[str, list[dict[str, str]]]], counts: Counter
+    ) -> list[dict[str, Any]]:
+        """Regenerate every assistant turn of a batch of conversations; returns ShareGPT records (input order)."""
+        originals = [messages for _, messages in batch]
+        rewritten: list[list[dict[str, str]]] = [[] for _ in batch]
+        position = [0] * len(batch)  # next original message index per conversation
+        finished = [False] * len(batch)
+        while True:
+            pending = []
+            for i, messages in enumerate(originals):
+                if finished[i]:
+                    continue
+                while position[i] < len(messages) and (
+                    messages[position[i]]["role"] != "assistant" or not any(m["role"] == "user" for m in rewritten[i])
+                ):
+                    if messages[position[i]]["role"] == "assistant":  # a reply to no prompt: nothing to regenerate
+                        counts["skipped_reply_without_prompt"] += 1
+                    else:
+                        rewritten[i].append(messages[position[i]])
+                    position[i] += 1
+                replies_written = sum(m["role"] == "assistant" for m in rewritten[i])
+                if position[i] >= len(messages) or (self.max_turns and replies_written >= self.max_turns):
+                    finished[i] = True
+                elif self.max_prompt_tokens and self.prompt_length(rewritten[i]) > self.max_prompt_tokens:
+                    counts["conversations_cut_at_max_prompt_tokens"] += 1
+                    finished[i] = True
+                else:
+                    pending.append(i)
+            if not pending:
+                break
+            replies = self.generate_replies([rewritten[i] for i in pending], counts)
+            for i, reply in zip(pending, replies):
+                if not reply:
+                    counts["dropped_empty_reply"] += 1
+                    finished[i] = True
+                    rewritten[i] = []
+                    continue
+                rewritten[i].append({"role": "assistant", "content": reply})
+                position[i] += 1
+        records = []
+        for (identifier, _), messages in zip(batch, rewritten):
+            while messages and messages[-1]["role"] != "assistant":
+                messages.pop()  # trailing turns after the last regenerated reply carry no supervision
+            if not any(m["role"] == "assistant" for m in messages):
+                counts["dropped_no_regenerated_turn"] += 1
+                continue
+            records.append(to_sharegpt(identifier, messages))
+        return records
+
+
+def regenerate(
+    target: str,
+    data: str | Sequence[str],
+    output: str | os.PathLike,
+    *,
+    max_new_tokens: int = 512,
+    batch_size: int = 8,
+    limit: int | None = None,
+    shard_size: int = 1000,
+    max_prompt_tokens: int | None = 4096,
+    trust_remote_code: bool = False,
+    device: str | None = None,
+    dtype: str = "auto",
+    template_kwargs: dict[str, Any] | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+    num_jobs: int = 1,
+    job_index: int = 0,
+    max_turns: int | None = None,
+    split: str = "train",
+    split_by_id: dict[str, float] | None = None,
+    format: str = "auto",
+    prompts: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done.
+
+    With ``split_by_id`` (e.g. ``{"validation": 0.02, "test": 0.02}``) only the records that :class:`IdSplit` puts in
+    ``split`` are regenerated, and shards are named ``<split>-NNNNN.jsonl``; ``max_turns`` stops each conversation
+    after that many regenerated replies. ``format``: ``chat`` rewrites assistant turns, ``completion`` writes
+    completion records of the ``prompts`` kinds (``regenerate_completion.py``, default both), ``auto`` is chat for a
+    target with a chat template and completion for one without. ``prompts=["code"]`` with chat answers each
+    conversation's code prompt asked in HumanEval's chat form instead (``code_chat_prompts``)."""
+    id_split = IdSplit.from_fractions(split_by_id)
+    if split not in ("train", "validation", "test"):
+        raise OptionError(f"--split must be train, validation or test, got {split!r}")
+    if not 0 <= job_index < num_jobs:  # checked before the model loads
+        raise OptionError(f"--job_index must be in [0, {num_jobs}), got {job_index}")
+    source = resolve_source(data, option="--data")  # a glob matching nothing fails before the model or --output
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = usable_device(device)  # refused before the model loads
+    if tokenizer is None:
+        with loading("--target", target):
+            tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+    data_format = regenerate_format(format, tokenizer, target)  # before the model loads: never an invented template
+    if data_format == "completion" and max_turns is not None:
+        raise OptionError("--max_turns counts chat replies; --format completion writes one continuation per prompt")
+    if data_format == "chat" and prompts is not None and list(prompts) != ["code"]:
+        raise OptionError(
+            f"--prompts {list(prompts)} with --format chat: chat takes '[code]' (each conversation's code prompt asked "
+            "in HumanEval's chat form) or no --prompts (every assistant turn rewritten; --max_turns 1 for first turns)"
+        )
+    if model is None:
+        torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(dtype)
+        torch_dtype = torch_dtype or getattr(torch, dtype)
+        with loading("--target", target):
+            model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        model = model.to(device).eval()
+    base = f"{split}-"
+    prefix = base if num_jobs == 1 else f"{base}{job_index:03d}of{num_jobs:03d}-"
+    writer = ResumableShardWriter(output, shard_size, prefix)
+    counts: Counter = Counter()
+    already = len(writer.done_ids)
+    batch: list[tuple[str, Any]] = []
+    if data_format == "completion":
+        regenerator: Any = GreedyContinuation(model, tokenizer, max_new_tokens, max_prompt_tokens)
+        unit = "prompts"
+
+        def mine(counter: Counter) -> Iterator[tuple[str, str]]:
+            records = job_conversations(data, counter, id_split, split, num_jobs, job_index, read_prompt_sources)
+            return record_prompts(records, PROMPT_KINDS if prompts is None else prompts, counter)
+    else:
+        regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
+        unit = "conversations"
+
+        def mine(counter: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
+            conversations = job_conversations(data, counter, id_split, split, num_jobs, job_index)
+            return conversations if prompts is None else code_chat_prompts(conversations, counter)
+
+    if limit is not None:  # the bar counts records written, up to the limit
+        total, unit = max(0, limit - already), "records"
+    else:  # the bar counts this job's conversations (prompts) still to do (unknown for a streamed hub dataset)
+        total = None if source.is_hub else sum(i not in writer.done_ids for i, _ in mine(Counter()))
+    with progress_bar("regenerate", total, unit) as advance, stop_on_sigterm("regenerate") as stop_requested:
+
+        def flush() -> None:
+            records = regenerator.regenerate_batch(batch, counts)
+            writer.write(records)
+            counts["written"] += len(records)
+            advance(len(records) if limit is not None else len(batch))
+            batch.clear()
+
+        for identifier, messages in mine(counts):
+            if stop_requested():  # between batches: what is written is whole, and a rerun continues from it
+                break
+            if limit is not None and len(writer.done_ids) >= limit:
+                break
+            if identifier in writer.done_ids or any(identifier == b[0] for b in batch):
+                counts["skipped_already_done"] += 1
+                continue
+            batch.append((identifier, messages))
+            # --limit counts records written: a batch asks for no more than are still wanted, and a conversation
+            # that yields no record (its prompt over max_prompt_tokens, say) leaves room for the next batch
+            wanted = batch_size if limit is None else min(batch_size, limit - len(writer.done_ids))
+            if len(batch) >= wanted:
+                flush()
+        if batch and not stop_requested():
+            flush()
+        stopped = stop_requested()
+    summary = {"output": str(output), "format": data_format, "records_before": already}
+    summary["records_after"] = len(writer.done_ids)
+    if writer.removed_bytes:
+        summary["removed_partial_bytes"] = writer.removed_bytes
+    if stopped:
+        summary["stopped"] = "SIGTERM: rerun the same command to continue"
+    return {**summary, **counts}
+
+
+def read_prompt_sources(data: str | Sequence[str], counts: Counter) -> Iterator[tuple[str, list | str]]:
+    """Conversations and completion records of ``data`` (``--format completion``'s input), invalid ones counted."""
+    return read_prompt_records(read_raw_records(data), counts)
+
+
+def job_conversations(
+    data,
+    counts: Counter,
+    id_split: IdSplit | None,
+    split: str,
+    num_jobs: int,
+    job_index: int,
+    reader: Callable[[Any, Counter], Iterator[tuple[str, Any]]] = read_conversations,
+) -> Iterator[tuple[str, Any]]:
+    """The valid records of ``data`` (``reader``: conversations by default) that ``id_split`` puts in ``split`` and
+    that fall to job ``job_index`` of ``num_jobs`` (the split's records dealt out in turn), in order."""
+    ordinal = -1
+    for identifier, messages in reader(data, counts):
+        if id_split is not None and id_split.split_of(identifier) != split:
+            counts["skipped_other_split"] += 1
+            continue
+        ordinal += 1  # jobs share out the records of this split
+        if ordinal % num_jobs == job_index:
+            yield identifier, messages
+
+
+def regenerate_command(
+    target: str,
+    data: list[str] | str,
+    output: str,
+    max_new_tokens: PositiveInt = 512,
+    batch_size: PositiveInt = 8,
+    limit: PositiveInt | None = None,
+    shard_size: PositiveInt = 1000,
+    max_prompt_tokens: PositiveInt = 4096,
+    device: str | None = None,
+    dtype: str = "auto",
+    chat_template_kwargs: dict | None = None,
+    num_jobs: PositiveInt = 1,
+    job_index: NonNegativeInt = 0,
+    trust_remote_code: bool = False,
+    max_turns: PositiveInt | None = None,
+    split: Literal["train", "validation", "test"] = "train",
+    split_by_id: dict[str, float] | None = None,
+    format: Literal["auto", "chat", "completion"] = "auto",
+    prompts: list[Literal["first_turn", "code"]] | None = None,
+) -> dict[str, Any]:
+    """Rewrite the assistant turns of a conversation dataset with the target's own greedy replies (on-policy data).
+
+    Args:
+        target: hub id or local path of the target model (and tokenizer)
+        data: local .json/.jsonl files, dirs, globs (quoted), or a hub id; one or a list
+        output: directory for train-NNNNN.jsonl shards
+        max_new_tokens: longest reply generated per assistant turn
+        batch_size: prompts generated together
+        limit: total records wanted in output (resume-aware)
+        shard_size: records per output shard
+        max_prompt_tokens: stop a conversation at longer prompts
+        device: default: cuda if available, else cpu
+        dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, ...
+        chat_template_kwargs: passed to the chat template, e.g. {"enable_thinking": false}
+        num_jobs: split the records over this many parallel jobs
+        job_index: which of num_jobs this process is (0-based)
+        trust_remote_code: let transformers run the target's own modelling code
+        max_turns: regenerate at most this many replies per record
+        split: the split to regenerate (with split_by_id)
+        split_by_id: fractions of conversations held out by id, e.g. {"validation": 0.02, "test": 0.02}
+        format: chat (rewrite assistant turns), completion (base models: plain-text prompts and the target's greedy
+            continuations), auto (chat when the target has a chat template, else completion)
+        prompts: with completion: prompts made of each conversation, first_turn and/or code (default: both); with
+            chat: [code] answers each conversation's code prompt asked in HumanEval's chat form
+    """
+    summary = regenerate(
+        target,
+        data,
+        output,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        limit=limit,
+        shard_size=shard_size,
+        max_prompt_tokens=max_prompt_tokens,
+        trust_remote_code=trust_remote_code,
+        device=device,
+        dtype=dtype,
+        template_kwargs=chat_template_kwargs,
+        num_jobs=num_jobs,
+        job_index=job_index,
+        max_turns=max_turns,
+        split=split,
+        split_by_id=split_by_id,
+        format=format,
+        prompts=prompts,
+    )
+    print(json.dumps(summary, indent=2))
+    if "stopped" in summary:
+        raise SystemExit(143)  # 128 + SIGTERM, as if the signal had ended it: a `regenerate && ...` chain stops
+    return summary
