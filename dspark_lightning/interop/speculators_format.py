@@ -5,16 +5,17 @@ The format (vllm-project/speculators, ``speculators.models.dspark`` / ``dflash``
 vLLM ``transformers_utils/configs/speculators/algos.py`` and ``models/qwen3_dflash.py``) is a directory with
 
 ``config.json``
-    ``speculators_model_type: "dspark"``, ``architectures: ["DSparkDraftModel"]``, ``transformer_layer_config`` (a
+    ``speculators_model_type: "dspark"``, ``architectures: ["Qwen3DSparkModel"]``, ``transformer_layer_config`` (a
     Qwen3 config of the *draft* layers: hidden size, heads, head_dim, intermediate size, ``num_hidden_layers`` = draft
-    layers, ``vocab_size`` = the verifier's vocabulary, rope), ``draft_vocab_size``, ``block_size``,
+    layers, ``vocab_size`` = the verifier's vocabulary, rope, ``is_causal: false``), ``draft_vocab_size``, ``block_size``,
     ``aux_hidden_state_layer_ids`` (indices into HF ``hidden_states``: 0 = embeddings, i = output of decoder layer
     i-1; ours are decoder-layer ids, so aux = ours + 1 and vLLM's DFlash ``target_layer_ids`` = aux - 1),
     ``mask_token_id``, ``sample_from_anchor``, ``markov_rank`` (0 = no head), ``markov_head_type`` (vanilla | gated |
-    rnn), ``enable_confidence_head``, ``confidence_head_with_markov``, ``target_hidden_size``, and
+    rnn), ``enable_confidence_head``, ``confidence_head_with_markov``, ``target_hidden_size``,
+    ``sliding_window_non_causal: true`` (every draft layer is bidirectional within a block), and
     ``speculators_config = {algorithm: "dspark", proposal_methods: [{proposal_type: "greedy", speculative_tokens,
     verifier_accept_k: 1, accept_tolerance: 0.0}], default_proposal_method: "greedy", verifier: {name_or_path,
-    architectures, [config_sha256, local_path]}}`` with ``speculative_tokens`` = block_size (sample_from_anchor) else block_size - 1.
+    architectures, [config_sha256]}}`` with ``speculative_tokens`` = block_size (sample_from_anchor) else block_size - 1.
 ``model.safetensors`` (metadata ``{"format": "pt"}``)
     ``fc.weight`` [H, n*H], ``hidden_norm.weight``, ``norm.weight``, ``layers.{i}.{input_layernorm,
     post_attention_layernorm}.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.
@@ -51,16 +52,17 @@ Decisions where the public format is silent or cannot express what we train:
   the full-attention base, ``models.target.rope_theta``). A tied verifier's LM head is its embedding weight in both.
 - The verifier is recorded portably (``verifier_record``): a hub id as given; a local target directory by a name
   (the hub id of a Hugging Face cache snapshot, else the directory's name) plus ``config_sha256`` (of its
-  ``config.json``), with the absolute directory in ``local_path`` only to reload the export on this machine
-  (speculators' ``VerifierConfig`` ignores fields it does not know). ``recorded_verifier`` reads it back.
+  ``config.json``); no path of the exporting machine is written (the files are meant to be published), so loading
+  a local-verifier export elsewhere takes ``target=``. ``recorded_verifier`` reads it back. No field is ``null``.
+  vLLM's reading of every field is in docs/guides/serve_with_vllm.md.
 - Tensors are written in bf16 or fp32; ``d2t``/``t2d`` keep int64/bool. Only safetensors, never pickles.
 - Checkpoints are read with ``torch.load(weights_only=True)`` (the module stores its configs as plain dicts).
 - ``load_exported`` builds our ``DSparkDrafter`` from any directory in this format: offsets d2t are turned into
   absolute ids; a d2t that is not ascending is sorted and the Vd-row tensors permuted with it (our draft vocab is
   kept sorted); ``aux_hidden_state_scales`` (a per-layer fc input scale some trainers add) is folded into ``fc``;
   a reduced-vocab ``lm_head`` equal to the target's rows becomes the frozen target rows, otherwise a trained
-  ``draft_lm_head``. Sliding-window layers (``layer_types``, ``sliding_window``) are exported with
-  ``sliding_window_non_causal`` true (our blocks are bidirectional). Unsupported features (attention bias, rope
+  ``draft_lm_head``. Sliding-window layers (``layer_types``, ``sliding_window``) are read as ours only when
+  ``sliding_window_non_causal`` is true (our blocks are bidirectional). Unsupported features (attention bias, rope
   scaling, sliding windows with causal blocks, aux layer 0) raise.
 """
 
@@ -84,6 +86,7 @@ WEIGHTS_NAME = "model.safetensors"
 EXPORT_DTYPES = ("bfloat16", "float32")  # the dtypes the speculators format is read in
 SELECTOR_PREFIX = "candidate_selector."
 DFLASH2_FORM = ("gated", "hidden", "identity")  # (kind, gate_input, gate_activation) of the CandidateSelector
+VLLM_DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's registry name (update_dspark keeps it, else rewrites to it)
 SPECULATORS_FORMAT_VERSION = "0.9.0"  # the speculators release whose save_pretrained output this mirrors
 DRAFT_ROW_TENSORS = {"lm_head", "markov_head.markov_w2", SELECTOR_PREFIX + "successor_codebook"}  # [Vd, ...]
 # tensors of the format that belong to the verifier and are ignored when present
@@ -102,7 +105,7 @@ def config_digest(directory: Path) -> str | None:
 def verifier_record(name_or_path: str) -> dict:
     """The export's ``verifier`` fields naming ``name_or_path``, portably (see the module docstring): a hub id (or
     anything that is not a local directory) as given; a local directory as ``name_or_path`` = its hub id when it is a
-    Hugging Face cache snapshot, else its directory name, with ``config_sha256`` and ``local_path``."""
+    Hugging Face cache snapshot, else its directory name, with ``config_sha256``."""
     path = Path(name_or_path)
     if not path.is_dir():
         return {"name_or_path": str(name_or_path)}
@@ -110,12 +113,14 @@ def verifier_record(name_or_path: str) -> dict:
     hub = next((m for p in (resolved, *resolved.parents) if (m := HUB_CACHE_DIR.fullmatch(p.name))), None)
     record = {"name_or_path": f"{hub['owner']}/{hub['name']}" if hub else resolved.name}
     digest = config_digest(resolved)
-    return record | ({"config_sha256": digest} if digest else {}) | {"local_path": str(resolved)}
+    # no path of this machine: the file is meant to be published (hub uploads), and a path is wrong everywhere else
+    return record | ({"config_sha256": digest} if digest else {})
 
 
 def recorded_verifier(config: dict) -> str:
-    """Where to load an export's verifier from: its ``local_path`` when that directory is here (a changed
-    ``config.json`` is refused), else ``name_or_path`` (a hub id, or a path written by another exporter)."""
+    """Where to load an export's verifier from: ``name_or_path`` (a hub id, or a directory of that name here, whose
+    ``config.json`` must have the recorded digest); exports written before 0.2 also kept a ``local_path``, used when
+    that directory is here."""
     verifier = config.get("speculators_config", {}).get("verifier", {})
     name, local, digest = verifier.get("name_or_path"), verifier.get("local_path"), verifier.get("config_sha256")
     if local and Path(local).is_dir():
@@ -127,6 +132,11 @@ def recorded_verifier(config: dict) -> str:
         return local
     if name is None:
         raise ValueError("the export names no verifier: pass target= (a FrozenTarget, model or path)")
+    if digest and Path(name).is_dir() and config_digest(Path(name)) != digest:
+        raise ValueError(
+            f"the directory {name!r} here has another config.json than the export's verifier (sha256 {digest[:12]}"
+            "...): pass target= (the verifier it was trained on)"
+        )
     if digest and not Path(name).is_dir():
         raise ValueError(
             f"the export's verifier is the local model {name!r} (config.json sha256 {digest[:12]}...), which is not "
@@ -214,9 +224,13 @@ def build_config(
         "max_position_embeddings": target.get("max_position_embeddings", 32768),
         "rope_theta": bc.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": bc.rope_theta},
         "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": sliding,
-        "sliding_window": bc.sliding_window if sliding else None, "layer_types": list(bc.layer_types),
-        "tie_word_embeddings": False,
+        "layer_types": list(bc.layer_types), "tie_word_embeddings": False,
+        # every draft layer attends bidirectionally within a block: vLLM reads this first, for every layer (without
+        # it, its DSpark path makes sliding_attention layers causal)
+        "is_causal": False,
     }
+    if sliding:
+        layer_config["sliding_window"] = bc.sliding_window
     # fmt: on
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if target.get(key) is not None:
@@ -228,14 +242,16 @@ def build_config(
     verifier = {"name_or_path": recorded["name_or_path"], "architectures": target.get("architectures", [])} | recorded
     # fmt: off
     config = {
-        "architectures": ["DSparkDraftModel"], "speculators_model_type": "dspark",
+        # vLLM's registry name for the Qwen3 DSpark drafter ("DSparkDraftModel" there is DeepSeek-V4's)
+        "architectures": [VLLM_DSPARK_ARCHITECTURE], "speculators_model_type": "dspark",
         "transformer_layer_config": layer_config, "draft_vocab_size": drafter.draft_vocab_size,
         "block_size": block, "max_anchors": cfg.max_anchors,
-        "target_hidden_size": None,  # None = the draft's hidden size (ours always equals the target's)
+        "target_hidden_size": bc.hidden_size,  # ours always equals the draft's
         "aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "mask_token_id": cfg.mask_token_id,
         "sample_from_anchor": cfg.sample_from_anchor,
-        # our blocks attend bidirectionally; speculators makes sliding-window blocks causal unless this is set
-        "sliding_window_non_causal": sliding,
+        # our blocks attend bidirectionally on every layer: speculators makes sliding-window blocks causal unless
+        # this is set, and vLLM's DFlash path makes *every* layer causal when it is false
+        "sliding_window_non_causal": True,
         "markov_rank": head.config.rank if head is not None and not candidate_selector else 0,
         "markov_head_type": head.config.kind if head is not None else "vanilla",
         "enable_confidence_head": drafter.confidence_head is not None,
@@ -256,7 +272,17 @@ def build_config(
     temperature = drafter.confidence_temperature
     if drafter.confidence_head is not None and not bool((temperature == 1).all()):
         config["confidence_temperature"] = [float(t) for t in temperature]
-    return config
+    return without_nulls(config)
+
+
+def without_nulls(value):
+    """``value`` with every ``None`` entry of its dicts dropped (recursively): an engine reads a missing field as
+    its default, but a ``null`` as a value (vLLM copies some as they are)."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
 
 
 def _layer_types(layer: dict) -> list[str] | None:

@@ -160,7 +160,7 @@ def test_a_draft_vocab_run_trains_and_exports(tmp_path):
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert torch.equal(f.get_tensor("d2t") + torch.arange(300), drafter.d2t)
         assert f.get_tensor("lm_head.weight").shape == (300, 32)
-    loaded = load_exported(out)
+    loaded = load_exported(out, str(target_dir))
     assert torch.equal(loaded.d2t, drafter.d2t) and loaded.draft_lm_head is None
     with torch.no_grad():
         h = torch.randn(3, 4, 32, generator=torch.Generator().manual_seed(0))

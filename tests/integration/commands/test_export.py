@@ -108,7 +108,7 @@ def test_config_json_has_every_field(tmp_path, target, verifier_dir):
     assert config == build_config(drafter, verifier_name_or_path=str(verifier_dir))
     expected = {
         "speculators_model_type": "dspark",
-        "architectures": ["DSparkDraftModel"],
+        "architectures": ["Qwen3DSparkModel"],  # vLLM's registry name, which update_dspark keeps
         "draft_vocab_size": 40,
         "block_size": B,
         "aux_hidden_state_layer_ids": [2, 3],  # hidden_states indices: our decoder layers 1, 2 + 1
@@ -118,7 +118,8 @@ def test_config_json_has_every_field(tmp_path, target, verifier_dir):
         "markov_head_type": "vanilla",
         "enable_confidence_head": True,
         "confidence_head_with_markov": True,
-        "target_hidden_size": None,
+        "target_hidden_size": H,
+        "sliding_window_non_causal": True,  # bidirectional blocks, read by vLLM's DFlash path for every layer
         "dtype": "bfloat16",
     }
     assert {key: config[key] for key in expected} == expected
@@ -129,7 +130,6 @@ def test_config_json_has_every_field(tmp_path, target, verifier_dir):
             "name_or_path": verifier_dir.name,
             "architectures": ["Qwen3ForCausalLM"],
             "config_sha256": hashlib.sha256((verifier_dir / "config.json").read_bytes()).hexdigest(),
-            "local_path": str(verifier_dir.resolve()),
         },
         "proposal_methods": [
             {"proposal_type": "greedy", "speculative_tokens": B, "verifier_accept_k": 1, "accept_tolerance": 0.0}
@@ -252,7 +252,7 @@ def test_load_uses_the_recorded_verifier_and_folds_foreign_conventions(tmp_path,
     save_file(tensors, str(path), metadata={"format": "pt"})
     config = json.loads((tmp_path / "config.json").read_text()) | {"aux_hidden_state_scales": [2.0, 0.5]}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    loaded, loaded_target = load_exported(tmp_path, return_target=True)  # target from speculators_config.verifier
+    loaded, loaded_target = load_exported(tmp_path, str(verifier_dir), return_target=True)
     assert loaded_target.target_layer_ids == [1, 2] and loaded_target is not target
     assert torch.equal(loaded.d2t, vocab.d2t) and loaded.draft_lm_head is None
     assert_same_outputs(outputs(drafter, target), outputs(loaded, loaded_target), exact=True)
@@ -281,9 +281,9 @@ def test_lightning_checkpoint_exports_through_the_cli(tmp_path):
     out = cli_main(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"), "--dtype", "float32"])
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == target_dir.name
-    assert config["speculators_config"]["verifier"]["local_path"] == str(target_dir.resolve())
+    assert "local_path" not in config["speculators_config"]["verifier"]
     assert config["markov_head_type"] == "gated" and config["block_size"] == B
-    loaded, loaded_target = load_exported(out, return_target=True)
+    loaded, loaded_target = load_exported(out, str(target_dir), return_target=True)
     assert loaded_target.target_layer_ids == module.target.target_layer_ids
     module.eval()
     with torch.no_grad():
@@ -330,23 +330,30 @@ def test_an_export_is_portable_readable_by_others_and_still_loads_when_copied(tm
     assert verifier == {
         "name_or_path": "target",  # no path of this machine in what travels
         "architectures": ["Qwen3ForCausalLM"],
-        "config_sha256": digest,
-        "local_path": str(target_dir.resolve()),
+        "config_sha256": digest,  # and no local_path: the file is meant to be published
     }
     copy = shutil.copytree(out, tmp_path / "elsewhere" / "drafter")
-    drafter, loaded_target = load_exported(copy, return_target=True)  # the verifier comes from local_path
-    assert drafter.draft_vocab_size == 2048 and loaded_target.vocab_size == 2048
-
-    # on a machine without that directory the export names what it needs instead of trying the hub for "target"
-    config = json.loads((copy / "config.json").read_text())
-    config["speculators_config"]["verifier"]["local_path"] = str(tmp_path / "not-here")
-    (copy / "config.json").write_text(json.dumps(config))
+    # elsewhere the export names what it needs instead of trying the hub for "target"
     with pytest.raises(ValueError, match=r"local model 'target' \(config.json sha256 " + digest[:12]):
         load_exported(copy)
-    assert load_exported(copy, str(target_dir)).draft_vocab_size == 2048  # given the target, it loads
-    (target_dir / "config.json").write_text((target_dir / "config.json").read_text().replace("}", ', "x": 1}', 1))
+    drafter, loaded_target = load_exported(copy, str(target_dir), return_target=True)  # given the target, it loads
+    assert drafter.draft_vocab_size == 2048 and loaded_target.vocab_size == 2048
+    # next to the verifier's directory (its recorded name) it loads without target=, digest checked
+    previous_dir = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert load_exported(copy).draft_vocab_size == 2048
+        (target_dir / "config.json").write_text((target_dir / "config.json").read_text().replace("}", ', "x": 1}', 1))
+        with pytest.raises(ValueError, match="another config.json than the export's verifier"):
+            load_exported(copy)
+    finally:
+        os.chdir(previous_dir)
+    # exports written before local_path was dropped still load from it
+    config = json.loads((copy / "config.json").read_text())
+    config["speculators_config"]["verifier"]["local_path"] = str(target_dir)
+    (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="another config.json than when it was exported"):
-        load_exported(out)
+        load_exported(copy)
 
 
 def test_a_hub_cache_snapshot_is_recorded_by_its_hub_id(tmp_path):
