@@ -33,7 +33,7 @@ class TargetCache:
     """One decode's target KV cache: pass ``.cache`` to the forwards, call ``prompt_done`` after the prompt forward
     and ``crop(length)`` after every verify forward (also when nothing was rejected: it trims the sliding layers)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, verify_rows: int | None = None) -> None:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)  # the layout generate uses (sliding layers where the model has them)
@@ -42,13 +42,16 @@ class TargetCache:
             cache, special = DynamicCache(), []  # full layers: lossless, unbounded (module docstring)
         self.cache = cache
         self.rollback = bool(special)  # some layer trims itself: record the past, crop after every verify
+        # a linear-attention layer (Qwen3-Next) keeps the recurrent state after each of a verify forward's last
+        # ``verify_rows`` tokens, so crop can restore the one after the accepted tokens (None crashed in transformers)
+        self.verify_rows = verify_rows
 
     def prompt_done(self) -> None:
         """Switch the sliding layers to rollback mode. Not before the prompt forward: in that mode a layer keeps all
         it is given until the next crop, and the prompt would be held whole once (transformers' ``generate`` makes the
         same choice for its assistant caches)."""
         if self.rollback:
-            self.cache.activate_past_recording()
+            self.cache.activate_past_recording(recurrent_states_to_keep=self.verify_rows)
 
     def length(self) -> int:
         """Tokens the cache covers (a sliding layer counts every token it has seen, not the entries it holds)."""

@@ -42,7 +42,7 @@ class TargetForwards:
         if layer_ids is None:
             raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")
         self.layer_ids = list(layer_ids)
-        self.target_cache = TargetCache(model)
+        self.target_cache = TargetCache(model, drafter.block_size + 1)
         self.cache = self.target_cache.cache
         self.cache_keyword = _cache_keyword(model.forward)
         self.body = getattr(model, getattr(model, "base_model_prefix", ""), None)

@@ -43,8 +43,11 @@ from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.lightning.run_dirs import (
     DATA_FORMAT_FILE,
     ClaimRunDirectory,
+    claim_config_file,
     claim_run_directories,
+    remove_unstarted_config_files,
     remove_unstarted_run_directories,
+    versioned_local_loggers,
 )
 
 LIGHTNING_COMMANDS = {
@@ -60,13 +63,31 @@ LINKED_MASK_TOKEN_ID = "--model.drafter.mask_token_id"
 class SaveConfigAndDataFormat(SaveConfigCallback):
     """LightningCLI's ``config.yaml``, and next to it ``data_format.json``: the format the run reads its records in
     (``data.format`` with ``auto`` resolved, what was asked for, why, and whether the tokenizer has a chat template;
-    docs/data.md §1.5). Written by rank 0, once, like the config."""
+    docs/data.md §1.5). Written by rank 0, once, like the config.
+
+    The config file is claimed first (``run_dirs.claim_config_file``): a versioned run's directory is new, but a run
+    without a versioned logger writes into ``--trainer.default_root_dir`` itself, where an earlier run may be."""
+
+    claimed_config: Path | None = None  # the config.yaml this run created (removed if it fails before a step)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         first = not self.already_saved
         # on every rank: trainer.log_dir broadcasts rank 0's directory, so asking on rank 0 alone (save_config runs
         # there only) deadlocks DDP
         log_dir = trainer.log_dir if first else None
+        if first and self.save_to_log_dir and log_dir is not None:
+            path = Path(log_dir) / self.config_filename
+            claimed = claim_config_file(path) if trainer.is_global_zero else True
+            if not trainer.strategy.broadcast(claimed):
+                raise OptionError(
+                    f"{log_dir} holds another run's {self.config_filename}: a run without a CSV/TensorBoard logger "
+                    "(--trainer.logger false) writes straight into --trainer.default_root_dir; give a new folder, "
+                    "or keep a logger (each run then gets a fresh version_N)"
+                )
+            # a version_N directory is removed whole when the run fails early; a shared folder loses only these files
+            unversioned = trainer.is_global_zero and not versioned_local_loggers(trainer.loggers)
+            self.claimed_config = path if unversioned else None
+            self.overwrite = True  # the file is the empty one just claimed
         super().setup(trainer, pl_module, stage)
         datamodule = trainer.datamodule
         if first and trainer.is_global_zero and log_dir is not None and isinstance(datamodule, ShareGPTDataModule):
@@ -156,6 +177,10 @@ class DSparkCLI(LightningCLI):
             if self.trainer.global_step == 0:  # a run that never took a step leaves no directory behind
                 for directory in remove_unstarted_run_directories(getattr(self, "claimed_run_dirs", [])):
                     logging.getLogger(__name__).info("removed %s: the run failed before its first step", directory)
+                saving = [c for c in self.trainer.callbacks if isinstance(c, SaveConfigAndDataFormat)]
+                claimed = [c.claimed_config for c in saving if c.claimed_config is not None]
+                for file in remove_unstarted_config_files(claimed):
+                    logging.getLogger(__name__).info("removed %s: the run failed before its first step", file)
             raise
 
     def add_arguments_to_parser(self, parser) -> None:

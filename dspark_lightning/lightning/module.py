@@ -8,8 +8,9 @@ constructor takes four config groups (``lightning/config.py``, ``models.DrafterC
 Design choices:
 - The target is built in ``__init__`` (the drafter's shape depends on it) and is frozen and in eval mode forever.
   Checkpoints hold only the trainable drafter state (``lightning/frozen_state.py``).
-- Training anchors come from a generator seeded by (seed, global step, rank), so a resumed run draws the same
-  anchors as an uninterrupted one. Evaluation anchors are deterministic per document (``evaluation_anchors``), so
+- Training anchors come from a generator seeded by a hash of (seed, global step, rank) (``stream_seed``), so a
+  resumed run draws the same anchors as an uninterrupted one and no two (step, rank) streams share a seed at any
+  number of ranks. Evaluation anchors are deterministic per document (``evaluation_anchors``), so
   validation metrics do not depend on packing, batch order or the number of DDP ranks.
 - Metrics are torchmetrics classes (sum/count states), computed and logged once per validation epoch; the last
   computed values stay on ``self.last_validation`` for callbacks that draw charts.
@@ -35,6 +36,7 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import warnings
@@ -60,6 +62,16 @@ from dspark_lightning.models.target import TargetHeads
 from dspark_lightning.models.vocab import load_draft_vocab
 
 log = logging.getLogger(__name__)
+
+
+def stream_seed(seed: int, step: int, rank: int) -> int:
+    """The 64-bit seed of rank ``rank``'s anchor generator at global step ``step``: a BLAKE2b hash of the three.
+
+    An affine mix such as ``(seed * 1_000_003 + step) * 64 + rank`` collides once there are more ranks than its
+    multiplier (rank 64 at step s drew rank 0's anchors at step s + 1); a hash has no such structure, and 64 bits
+    make a chance collision among a million (step, rank) pairs about 3e-8 likely."""
+    digest = hashlib.blake2b(f"{seed},{step},{rank}".encode(), digest_size=8, person=b"dspark-anchors").digest()
+    return int.from_bytes(digest, "little")
 
 
 class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule):
@@ -176,7 +188,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
 
     # ------------------------------------------------------------------ steps
     def _generator(self) -> torch.Generator:
-        seed = (self.training_args.seed * 1_000_003 + self.global_step) * 64 + self.global_rank
+        seed = stream_seed(self.training_args.seed, self.global_step, self.global_rank)
         return torch.Generator().manual_seed(seed)
 
     def target_features(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,9 @@
-"""A run directory of its own for every run: ``version_N`` claimed with ``os.mkdir`` (atomic), never shared."""
+"""A run directory of its own for every run: ``version_N`` claimed with ``os.mkdir`` (atomic), never shared.
+
+A run without a versioned logger (``--trainer.logger false``, or W&B alone) writes straight into its log directory
+(``--trainer.default_root_dir``): it claims that directory's ``config.yaml`` by creating it exclusively
+(``claim_config_file``), so a second run there is a one-line error instead of Lightning's traceback.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ def claim_version_dir(root: str | os.PathLike) -> int:
             version += 1
 
 
-def _versioned_local_loggers(loggers) -> list:
+def versioned_local_loggers(loggers) -> list:
     """The CSV/TensorBoard-style loggers (a ``_version`` and a local ``root_dir``), in the trainer's order."""
     if loggers is None or isinstance(loggers, bool):
         return []
@@ -55,11 +60,36 @@ def claim_run_directories(loggers) -> list[Path]:
     if rank_zero_only.rank != 0:
         return []
     claimed = []
-    for logger in _versioned_local_loggers(loggers):
+    for logger in versioned_local_loggers(loggers):
         if logger._version is None:
             logger._version = claim_version_dir(logger.root_dir)
             claimed.append(Path(logger.root_dir) / f"{_PREFIX}{logger._version}")
     return claimed
+
+
+def claim_config_file(path: str | os.PathLike) -> bool:
+    """Create ``path`` empty, atomically (``O_EXCL``); False when it exists already (another run's config). A remote
+    path (``s3://``) is not claimed (True): Lightning's own check covers it."""
+    if "://" in str(path):
+        return True
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def remove_unstarted_config_files(claimed: list[Path]) -> list[Path]:
+    """Delete the claimed ``config.yaml`` (and the ``data_format.json`` beside it) of a run without a versioned
+    directory that failed before its first step, so the same command can run again there; the files removed."""
+    removed = []
+    for path in claimed:
+        for file in (path, path.parent / DATA_FORMAT_FILE):
+            if file.is_file():
+                file.unlink()
+                removed.append(file)
+    return removed
 
 
 # What a run leaves in its directory before its first step: removing a directory with anything else would lose work.
@@ -89,7 +119,7 @@ class ClaimRunDirectory(L.Callback):
     default logger), which are claimed here."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        loggers = _versioned_local_loggers(trainer.loggers)
+        loggers = versioned_local_loggers(trainer.loggers)
         if trainer.is_global_zero:
             for logger in loggers:
                 if logger._version is None:
