@@ -1,5 +1,5 @@
 """Data: ShareGPT/OpenAI conversations (or, for targets without a chat template, completion records of a prompt and
-its continuation: ``data.format``, docs/data.md §1.5) -> tokenised, loss-masked, packed training samples.
+its continuation: ``data.format``, docs/design/data.md §1.5) -> tokenised, loss-masked, packed training samples.
 
 The batch contract every training component relies on (a dict of tensors, one row per packed sample):
 

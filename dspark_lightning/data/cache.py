@@ -36,7 +36,7 @@ Design choices:
   DataLoader yields them in, so the batch sequence is independent of ``num_workers``; resuming mid-epoch skips batches
   by index without reading them. Samples are read lazily from memory-mapped shards (``safe_open``).
 - Versions: format 1 caches (no teacher statistics) stay readable; their batches carry no ``final_logsumexp`` /
-  ``final_argmax``, and training then evaluates the teacher's full-vocabulary LM head itself (docs/design.md §3.6).
+  ``final_argmax``, and training then evaluates the teacher's full-vocabulary LM head itself (docs/design/design.md §3.6).
   A reader over several directories passes the statistics on only when every directory has them.
 """
 

@@ -1,6 +1,6 @@
 """Completion records: a plain-text prompt and its continuation, for targets without a chat template (base models).
 
-Design choices (``docs/data.md`` §1.5 and §3.1):
+Design choices (``docs/design/data.md`` §1.5 and §3.1):
 - A completion record is a JSON object ``{"prompt": str, "completion": str}`` with an optional ``id`` (string or
   integer; other keys are ignored). The prompt may be empty (then the whole text is supervised); the completion must
   hold more than whitespace. Without an ``id`` the record's id is ``sha1-`` + 20 hex digits of the pair.

@@ -115,7 +115,7 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
                 ``completion``: records ``{"prompt", "completion"}`` tokenised as plain text, completion tokens
                 supervised (base models without a chat template); ``auto``: completion for completion records, chat
                 for conversations when the tokenizer has a chat template, and an error (never an invented template)
-                when it has none (docs/data.md §1.5). The choice is logged and saved as the run's data_format.json.
+                when it has none (docs/design/data.md §1.5). The choice is logged and saved as the run's data_format.json.
         """
         super().__init__()
         self.save_hyperparameters()

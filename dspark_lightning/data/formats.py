@@ -1,6 +1,6 @@
 """The data format of a run: ``chat`` (conversations in the target's chat template) or ``completion`` (plain-text
 prompt and continuation), chosen explicitly or by ``auto``, and never a chat template invented for a target without
-one (``docs/data.md`` §1.5).
+one (``docs/design/data.md`` §1.5).
 
 Design choices:
 - ``auto`` looks at the records: the first record of the first readable data file (or hub row) that is a
@@ -102,7 +102,7 @@ def no_template_message(tokenizer_name: str, where: str, option: str) -> str:
     return (
         f"{where} is a conversation record, but the tokenizer {tokenizer_name!r} has no chat template, and a chat "
         f"template is never invented. Train this target on completion records {COMPLETION_RECORD} with {option}: "
-        f"completion (docs/data.md §1.5): `dspark-lightning regenerate --format completion --target "
+        f"completion (docs/design/data.md §1.5): `dspark-lightning regenerate --format completion --target "
         f"{tokenizer_name} --data <these conversations> --output DIR` writes the target's own continuations of their "
         "first user turns and code prompts; or use a target whose tokenizer has a chat template"
     )
@@ -132,7 +132,7 @@ def resolve_format(
             raise DataFormatError(f"{option}={requested}: {no_template_message(tokenizer_name, where, option)}")
         raise DataFormatError(
             f"{option}=chat, but the tokenizer {tokenizer_name!r} has no chat template, and a chat template is never "
-            f"invented: set {option}: completion and give completion records {COMPLETION_RECORD} (docs/data.md §1.5)"
+            f"invented: set {option}: completion and give completion records {COMPLETION_RECORD} (docs/design/data.md §1.5)"
         )
     if requested != "auto":
         chosen, reason = requested, f"{option}={requested}"

@@ -65,7 +65,7 @@ def preflight_data_files(
         listed = "\n  ".join(described(path) for path in unusable)
         raise NoUsableRecordsError(
             f"{option}: none of the first {sample_records} records of any file is a usable {what} "
-            f"(see docs/data.md §2 for the reasons):\n  {listed}"
+            f"(see docs/design/data.md §2 for the reasons):\n  {listed}"
         )
     for path in unusable:
         logger.warning("%s: no usable %s in the first %d records: %s", option, what, sample_records, described(path))

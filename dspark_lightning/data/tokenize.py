@@ -189,7 +189,7 @@ class ConversationEncoder:
         if getattr(tokenizer, "chat_template", None) is None:
             raise DataFormatError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, and a chat template "
-                "is never invented: train a base model on completion records (data.format: completion, docs/data.md "
+                "is never invented: train a base model on completion records (data.format: completion, docs/design/data.md "
                 "§1.5)"
             )
         self.tokenizer = tokenizer

@@ -4,7 +4,7 @@ A verify forward appends n+1 tokens and a rejection removes up to n of them agai
 entry, so removing a suffix restores exactly the cache of the accepted prefix. A sliding-window layer (Gemma 2/3,
 Mistral; transformers' ``DynamicSlidingWindowLayer``, window W) normally keeps only its last W - 1 entries after each
 update: once a verify forward has pushed the oldest ones out, cropping its rejected tail cannot bring them back, and
-the next forward would attend to a window with a hole (``docs/design.md §8.6``).
+the next forward would attend to a window with a hole (``docs/design/design.md §8.6``).
 
 ``TargetCache`` builds the cache ``generate`` builds (``DynamicCache(config=...)``: full layers for full attention,
 sliding layers holding W - 1 entries for sliding attention) and, once the prompt is in, switches its sliding layers

@@ -2,7 +2,7 @@
 
 The prompts are loaded once by ``data.eval_sets.datamodule_prompt_ids`` (the loader of ``decode --eval_sets``), each
 prompt is one greedy ``speculative_generate`` run, its counts a ``PromptDecodeRecord`` and the set's numbers
-``summarize_eval_set`` (the summary and paired bootstrap of ``decode --eval_sets``; docs/design.md §7.8): measured
+``summarize_eval_set`` (the summary and paired bootstrap of ``decode --eval_sets``; docs/design/design.md §7.8): measured
 tau = total emitted tokens / total verifying target forwards over the set's prompts, with its 95% interval over
 prompts. No wall clock: training shares the machine, so a speedup measured here would say little.
 

@@ -6,7 +6,7 @@ minimises the ECE of a_0 = c_0; with T_0 fixed, T_1 minimises the ECE of a_1 = a
 1-D grid search over log-spaced temperatures (robust to the non-smooth ECE, cheap: blocks x grid per slot).
 
 The observed counterpart of a_n is the expected prefix acceptance prod_{j<=n} alpha_j (alpha = the analytic
-acceptance probability the head is trained on), taken over slots that are valid up to n. See docs/design.md §9.
+acceptance probability the head is trained on), taken over slots that are valid up to n. See docs/design/design.md §9.
 """
 
 from __future__ import annotations

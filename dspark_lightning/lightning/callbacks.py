@@ -241,7 +241,7 @@ class SpeculativeDecodingCallback(L.Callback):
     under ``timeout`` ends within seconds instead of after the whole decode.
 
     With ``eval_sets`` it also measures the first ``eval_set_limit`` prompts of each named evaluation set
-    (``eval_sets/sets.py``, the sets of ``decode --eval_sets``; docs/design.md §7.8) in each mode and logs
+    (``eval_sets/sets.py``, the sets of ``decode --eval_sets``; docs/design/design.md §7.8) in each mode and logs
     ``val/decode/<set>/<mode>/tau`` with its 95% bootstrap interval over prompts (``.../tau_ci_low``,
     ``.../tau_ci_high``) and ``.../num_prompts`` (``eval_sets/training.py``); the summaries of the last
     validation are kept in ``last_eval_sets``. ``sharegpt_heldout`` reads ``heldout_files`` (default: the data

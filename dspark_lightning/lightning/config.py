@@ -55,7 +55,7 @@ class LossArgs:
     """The training loss: the compound distillation loss, the confidence BCE and the Selector candidate loss."""
 
     weights: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
-    """Compound loss weights over ``kl``, ``tv``, ``ce``, ``rkl``, ``js``, ``nla``, ``lk_hybrid`` (docs/losses.md)."""
+    """Compound loss weights over ``kl``, ``tv``, ``ce``, ``rkl``, ``js``, ``nla``, ``lk_hybrid`` (docs/design/losses.md)."""
     position_weighting: str = "exp"
     """Per-slot weights: ``exp`` (decay ``gamma``), ``uniform`` or ``dpace`` (from the detached acceptance)."""
     gamma: float = 4.0

@@ -63,7 +63,7 @@ LINKED_MASK_TOKEN_ID = "--model.drafter.mask_token_id"
 class SaveConfigAndDataFormat(SaveConfigCallback):
     """LightningCLI's ``config.yaml``, and next to it ``data_format.json``: the format the run reads its records in
     (``data.format`` with ``auto`` resolved, what was asked for, why, and whether the tokenizer has a chat template;
-    docs/data.md §1.5). Written by rank 0, once, like the config.
+    docs/design/data.md §1.5). Written by rank 0, once, like the config.
 
     The config file is claimed first (``run_dirs.claim_config_file``): a versioned run's directory is new, but a run
     without a versioned logger writes into ``--trainer.default_root_dir`` itself, where an earlier run may be."""

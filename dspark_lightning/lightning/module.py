@@ -20,7 +20,7 @@ Design choices:
   and ``final_hidden``. Checkpoints are the same in both modes (the frozen tensors are dropped either way). A batch
   that carries features is used as it is in online mode too (the target is then not run). A cache that also
   stores the full-vocabulary logsumexp and argmax per position (format 2) lets the teacher run the LM head over
-  the draft rows only (``teacher_stats``; docs/design.md §3.6); older caches take the full-vocabulary head.
+  the draft rows only (``teacher_stats``; docs/design/design.md §3.6); older caches take the full-vocabulary head.
 - ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/anchors.py``) chooses how training anchors
   are shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
   (sum states over the epoch) report the fraction of supervised tokens that some block predicts.
@@ -201,7 +201,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
     def teacher_stats(self, batch: dict[str, torch.Tensor]) -> TeacherStats | None:
         """The full-vocabulary logsumexp and argmax per position when the batch carries them (a feature cache of
         format 2, ``data/cache.py``): the teacher then runs the LM head over the draft rows only. None otherwise
-        (online features, older caches): the full-vocabulary head at the teacher positions (docs/design.md §3.6)."""
+        (online features, older caches): the full-vocabulary head at the teacher positions (docs/design/design.md §3.6)."""
         if TEACHER_STAT_FIELDS[0] not in batch or "final_hidden" not in batch:
             return None
         return TeacherStats(*(batch[name] for name in TEACHER_STAT_FIELDS))

@@ -1,5 +1,5 @@
 """Draft-model losses: ``compound`` (the chunked compound loss, confidence BCE), ``terms`` (the per-term formulas and
-gradients), ``position_weighting`` (static per-slot weights and D-PACE). The maths: docs/losses.md."""
+gradients), ``position_weighting`` (static per-slot weights and D-PACE). The maths: docs/design/losses.md."""
 
 from dspark_lightning.losses.compound import LossOutput, compound_loss, compound_loss_reference, confidence_loss
 from dspark_lightning.losses.position_weighting import (

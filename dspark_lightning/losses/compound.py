@@ -1,6 +1,6 @@
 """Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.losses.terms`, confidence BCE.
 
-Conventions (docs/losses.md §1). Rows are the N = (#blocks)·B draft predictions, flattened or shaped ``[Nb, B]``.
+Conventions (docs/design/losses.md §1). Rows are the N = (#blocks)·B draft predictions, flattened or shaped ``[Nb, B]``.
 ``draft_logits[..., Vd]`` may be any float dtype (bf16 included); the teacher is ``teacher_logprobs[..., Vd]``, the target's log-softmax over its *full*
 vocabulary gathered at the draft vocabulary ids, so when Vd < V the teacher p = exp(teacher_logprobs) is
 sub-normalised (Σp ≤ 1). q = softmax(draft_logits); α = Σ_v min(p_v, q_v) is the probability that a draft token

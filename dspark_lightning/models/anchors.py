@@ -1,6 +1,6 @@
 """Anchors: where the draft blocks start. Anchor validity, sampling with the ``uniform`` / ``per_document`` budgets
 (Sainte-Lague shares), deterministic evaluation anchors, coverage, and the attention rule of a set of anchors
-(docs/design.md §3).
+(docs/design/design.md §3).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def sample_anchors(
     generator: torch.Generator | None = None,
     budget: str = "uniform",
 ) -> Anchors:
-    """Draw up to ``max_anchors`` distinct valid anchors per row (``budget``: docs/design.md §3.3)."""
+    """Draw up to ``max_anchors`` distinct valid anchors per row (``budget``: docs/design/design.md §3.3)."""
     if budget not in ANCHOR_BUDGETS:
         raise ValueError(f"unknown anchor budget {budget!r}; expected one of {ANCHOR_BUDGETS}")
     candidates = valid_anchor_mask(loss_mask, document_ids, block_size, sample_from_anchor)

@@ -2,7 +2,7 @@
 
 c_k = sigmoid(w . f_k + b) with f_k = h_k (the draft hidden state) or, with ``confidence_with_markov``,
 f_k = [h_k ; W1[a]] (the Markov head's embedding of the previous token). It is trained against the detached
-analytic acceptance probability alpha_k = sum_v min(q_k(v), p_k(v)) (docs/design.md §5, §7.1) and read at
+analytic acceptance probability alpha_k = sum_v min(q_k(v), p_k(v)) (docs/design/design.md §5, §7.1) and read at
 decode time as c_k ~ P(slot k accepted | all earlier slots accepted); the prefix survival a_n = prod_{j<=n} c_j
 schedules how many slots are worth verifying.
 

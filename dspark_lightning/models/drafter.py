@@ -4,7 +4,7 @@
 logits (base + Markov bias), confidence logits, teacher log-probabilities and validity masks. ``draft`` (inference)
 returns one block of base logits and hidden states after a prefix; the decoding modes live in ``selector/`` and ``decoding/``.
 
-Conventions (docs/design.md §3.1, §3.6):
+Conventions (docs/design/design.md §3.1, §3.6):
 - ``sample_from_anchor=True`` (DSpark): slot k predicts the token at p+k+1, its previous token is x_{p+k}.
   ``False`` (DFlash): slot k predicts the token at p+k; slot 0 is the bonus token and is never trained
   (``first_trained_slot == 1``), so its row is invalid in every mask.
@@ -68,7 +68,7 @@ class DrafterOutput:
 class DSparkDrafter(nn.Module):
     """The DSpark drafter: a DFlash backbone predicting a block of tokens per anchor in one pass, reading the frozen
     target's hidden states as extra keys and values, plus the optional Markov and confidence heads
-    (docs/design.md §2, §4, §5).
+    (docs/design/design.md §2, §4, §5).
 
     Args:
         config: block size, draft layers, heads and their options (``DrafterConfig``).
@@ -243,7 +243,7 @@ class DSparkDrafter(nn.Module):
         """Teacher-forced training forward over a packed batch (shapes in the data package docstring).
 
         ``teacher_stats``: the full-vocabulary logsumexp and argmax per position of ``final_hidden`` (from a feature
-        cache): the teacher then evaluates the LM head on the draft rows only (docs/design.md §3.6).
+        cache): the teacher then evaluates the LM head on the draft rows only (docs/design/design.md §3.6).
 
         ``markov_prev``: what the Markov head reads as each slot's previous token: ``teacher`` (the text, as
         trained) or ``own`` (the drafter's own greedy choice at the slot before, a sequential decode inside the
@@ -335,7 +335,7 @@ class DSparkDrafter(nn.Module):
 
         With ``stats`` (per position of ``final_hidden``: the full-vocabulary logsumexp and argmax, as a feature
         cache stores them) the LM head runs over the draft rows only; without, over the whole vocabulary at the
-        distinct positions (docs/design.md §3.6). Both give log_softmax(lm_head(h))[d2t] and its full argmax.
+        distinct positions (docs/design/design.md §3.6). Both give log_softmax(lm_head(h))[d2t] and its full argmax.
         """
         b, S, H = final_hidden.shape
         flat = (positions.reshape(b, -1) + S * torch.arange(b, device=positions.device)[:, None]).reshape(-1)

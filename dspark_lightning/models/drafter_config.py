@@ -1,6 +1,6 @@
 """DrafterConfig: what defines a drafter besides its target, and which slots of its blocks are drafted and trained.
 
-``trained_slots`` is the one place the anchor convention (docs/design.md §3.1) picks them: all B slots under DSpark's
+``trained_slots`` is the one place the anchor convention (docs/design/design.md §3.1) picks them: all B slots under DSpark's
 ``sample_from_anchor=True``, slots 1..B-1 under DFlash's (slot 0 holds the anchor's own token, the bonus token).
 """
 

@@ -1,6 +1,6 @@
 """Block-sparse SDPA for the training forward: skip the context keys that no query of a group can see (exact).
 
-With a dense mask (the ``sdpa`` backend, the CPU training path; docs/design.md §2.3) attention computes every query
+With a dense mask (the ``sdpa`` backend, the CPU training path; docs/design/design.md §2.3) attention computes every query
 against all S + Q keys, although a block anchored at p sees only its own document's positions before p and its own
 block. Training blocks come in ascending anchor order, so a few consecutive blocks see one narrow stretch of the
 context. ``GroupedMask`` cuts the Q = A·B queries into groups of whole blocks (about ``GROUP_QUERIES`` queries); each

@@ -19,7 +19,7 @@ tensor names come from building the model on the meta device (no memory) and ask
 input and output embeddings; a tied LM head (``tie_word_embeddings``) shares the embedding's weight, as it does in
 the full model. The input embedding is the model's own module class, so it embeds as the full model does: Gemma's
 ``Gemma3TextScaledWordEmbedding`` multiplies by sqrt(hidden), and a plain ``nn.Embedding`` around the stored weight
-would not (docs/design.md §11).
+would not (docs/design/design.md §11).
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ def rope_theta(config) -> float:
     A single base (``rope_parameters["rope_theta"]`` in transformers 5, ``rope_theta`` before): that one. Bases per
     layer type (Gemma 3 in transformers 5: ``rope_parameters = {"sliding_attention": {...}, "full_attention": {...}}``):
     the full-attention layers' base, because every draft layer reads the whole context as the target's full layers do
-    (docs/design.md §11); transformers 4 stored that one as ``rope_theta`` (the local one as ``rope_local_base_freq``).
+    (docs/design/design.md §11); transformers 4 stored that one as ``rope_theta`` (the local one as ``rope_local_base_freq``).
     """
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict):

@@ -1,6 +1,6 @@
 """The teacher: the target's next-token log-probabilities over the draft vocabulary, and its full-vocabulary argmax.
 
-docs/design.md §3.6. For a final hidden state h and the target's LM head W [V, H],
+docs/design/design.md §3.6. For a final hidden state h and the target's LM head W [V, H],
 
     log p(v) = h·W_v − logZ(h),   logZ(h) = logsumexp_{u < V} h·W_u,
 

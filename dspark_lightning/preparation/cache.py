@@ -8,7 +8,7 @@ online one; the index is rewritten after every finished shard, so rerunning the 
 Besides the features it stores, per position, the logsumexp and the argmax of the target's logits over its whole
 vocabulary (``models.teacher.full_vocab_stats``), computed from the *stored* final hidden state (after rounding to
 ``--dtype``) with the target's LM head in its dtype: the numbers the full-vocabulary teacher would compute from the
-cache, so training from the cache can run the LM head over the draft vocabulary only (docs/design.md §3.6); with the
+cache, so training from the cache can run the LM head over the draft vocabulary only (docs/design/design.md §3.6); with the
 target's final logit soft-cap applied when it has one (Gemma 2; ``models.target.final_logit_softcap``).
 """
 
@@ -253,7 +253,7 @@ def cache_command(
         count_pass: count the packed samples first (a size estimate and a progress total)
         dry_run: print the size estimate and stop
         trust_remote_code: let transformers run the target's own modelling code
-        format: the records' format, as data.format: chat, completion (base models) or auto (docs/data.md §1.5)
+        format: the records' format, as data.format: chat, completion (base models) or auto (docs/design/data.md §1.5)
     """
     if not 0 <= job_index < num_jobs:
         raise OptionError(f"--job_index must be in [0, {num_jobs}), got {job_index}")

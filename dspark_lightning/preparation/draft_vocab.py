@@ -212,7 +212,7 @@ def draft_vocab_command(
         mask_token: mask token when the tokenizer defines none
         trust_remote_code: let transformers run the tokenizer's own code
         held_out: files / globs the vocabulary is not built from: also report its coverage there
-        format: the records' format, as data.format: chat, completion (base models) or auto (docs/data.md §1.5)
+        format: the records' format, as data.format: chat, completion (base models) or auto (docs/design/data.md §1.5)
     """
     vocab, counts, summary = build_draft_vocab(
         tokenizer,

@@ -1,5 +1,5 @@
 """``regenerate --format completion``: on-policy completion records for a base model (a target without a chat
-template): plain-text prompts and the target's own greedy continuation of each (``docs/data.md`` §6.1).
+template): plain-text prompts and the target's own greedy continuation of each (``docs/design/data.md`` §6.1).
 
 Design choices:
 - Prompts (``--prompts``, both by default) come from the input conversations, never through a chat template:
@@ -57,7 +57,7 @@ def regenerate_format(requested: str, tokenizer: Any, target: str) -> str:
         raise DataFormatError(
             f"--format chat, but the target {target!r} has no chat template, and a chat template is never invented: "
             "use --format completion (or auto), which writes completion records of plain-text prompts and the "
-            "target's own continuations (docs/data.md §1.5)"
+            "target's own continuations (docs/design/data.md §1.5)"
         )
     chosen = requested if requested != "auto" else "chat" if template else "completion"
     log = logger.info if template else logger.warning

@@ -1,7 +1,7 @@
 """The Selector view of the Markov head: top-k candidate sets, k x k pair scores, and a cheap walk.
 
 A DFlash-2 Selector is a gated Markov head executed on top-k candidate sets, and any trained vanilla or gated head can
-be executed the same way without retraining (docs/design.md §6). Conventions: candidates and returned tokens are draft
+be executed the same way without retraining (docs/design/design.md §6). Conventions: candidates and returned tokens are draft
 indices; predecessors fed to the head are target ids (through ``d2t``, ``None`` = identity); ``head=None`` (pure
 DFlash) is allowed everywhere; the path-dependent rnn head has no pair scores (use ``sequential_decode``).
 

@@ -8,7 +8,7 @@ with a predecessor codebook A [V, r], a successor codebook B [V, r] and a bias-f
 A ``MarkovHead(kind="gated", gate_input="hidden", gate_activation="identity")`` computes exactly this:
 u(a, h) = W1[a] * (Wg h) and bias(b) = u . W2[b], so A <-> ``markov_w1.weight``, B <-> ``markov_w2.weight`` (which
 is W2^T, [Vd, r]) and H <-> ``gate_proj.weight`` ([r, H]). Weights convert both ways without retraining (why this
-makes the head a Selector: docs/design.md §6.4).
+makes the head a Selector: docs/design/design.md §6.4).
 
 State-dict keys (``prefix`` defaults to ``"candidate_selector."``, the module name public DFlash-2 ports use):
 

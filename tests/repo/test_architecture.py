@@ -1,8 +1,10 @@
 """Architecture checks: the import-layer contracts of pyproject.toml, and that code cites only the repository's docs/.
 
 The contracts (``[tool.importlinter]``) are run with the ``lint-imports`` of this interpreter's environment. The
-citation check parses every ``docs/<file>.md §n`` reference in the repository's ``.py`` and ``.md`` files and requires
-a heading numbered ``n`` in that file; references to the design document that is not in the repository are refused.
+citation check parses every ``docs/design/<file>.md §n`` reference (any ``docs/<path>.md §n``) in the repository's
+``.py`` and ``.md`` files and requires a heading numbered ``n`` in that file; a citation of a design note by its old
+place (``docs/<file>.md``, before the notes moved to ``docs/design/``) and references to the design document that is
+not in the repository are refused.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def citation_problems(root: Path) -> tuple[list[str], int]:
             target = root / "docs" / name
             if name not in headings:
                 headings[name] = section_headings(target) if target.is_file() else None
-            if headings[name] is None:
+            if headings[name] is None and (root / "docs" / "design" / name).is_file():
+                problems.append(f"{where}:{line}: cites docs/{name}, which moved to docs/design/{name}")
+            elif headings[name] is None:
                 problems.append(f"{where}:{line}: cites docs/{name}, which does not exist")
             elif section not in headings[name]:
                 problems.append(f"{where}:{line}: cites docs/{name} §{section}, which has no such section heading")
@@ -123,12 +127,13 @@ def test_code_cites_only_existing_docs_sections():
 
 
 def test_citation_checker_reports_every_kind_of_bad_citation(tmp_path):
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "design.md").write_text(
+    (tmp_path / "docs" / "design").mkdir(parents=True)
+    (tmp_path / "docs" / "design" / "design.md").write_text(
         "# Title\n\n## 1. One\n\n### 1.2 One two\n\n```\n## 7. inside a code block\n```\n"
     )
     # the citations are assembled at run time so that this file's own text holds none of them
-    bad, doc, missing = "DESIGN" + " §2", "docs/" + "design.md", "docs/" + "nothere.md"
+    bad, doc, missing = "DESIGN" + " §2", "docs/" + "design/design.md", "docs/" + "design/nothere.md"
+    moved = "docs/" + "design.md"  # the note's place before docs/design/
     (tmp_path / "module.py").write_text(
         f'"""Good: {doc} §1 and {doc} §1.2, §1."""\n'
         f"# old style: {bad}\n"
@@ -136,9 +141,10 @@ def test_citation_checker_reports_every_kind_of_bad_citation(tmp_path):
         f"# range with a missing end: {doc} §1-§4\n"
         f"# missing file: {missing} §1\n"
         f"# heading only inside a code block: {doc} §7\n"
+        f"# the old place: {moved} §1\n"
     )
     problems, checked = citation_problems(tmp_path)
-    assert checked == 8
+    assert checked == 9
     assert sorted(problems) == sorted(
         [
             "module.py:2: cites a DESIGN document that is not in the repository",
@@ -146,5 +152,6 @@ def test_citation_checker_reports_every_kind_of_bad_citation(tmp_path):
             f"module.py:4: cites {doc} §4, which has no such section heading",
             f"module.py:5: cites {missing}, which does not exist",
             f"module.py:6: cites {doc} §7, which has no such section heading",
+            f"module.py:7: cites {moved}, which moved to {doc}",
         ]
     )

@@ -1,4 +1,4 @@
-"""Training against a Gemma 3 target from an offline feature cache equals training online (docs/design.md §11).
+"""Training against a Gemma 3 target from an offline feature cache equals training online (docs/design/design.md §11).
 
 A tiny random Gemma 3 (``helpers/targets.py``) with the demo tokenizer is saved as a target directory and cached by
 ``dspark-lightning cache`` (float32 features). In cache mode only its config, embedding and LM head are loaded: the

@@ -2,7 +2,7 @@
 the last of its 6 layers) with prompts longer than the window and generations that cross it.
 
 Verify forwards of up to 9 tokens push entries out of the window and rejections crop them again
-(``decoding.target_cache``, ``docs/design.md §8.6``). Everything is checked against computations that never crop a
+(``decoding.target_cache``, ``docs/design/design.md §8.6``). Everything is checked against computations that never crop a
 cache: the target's own ``generate``, a full forward over the whole text without a cache, and the exact float64 law
 of a full forward.
 """

@@ -323,7 +323,7 @@ def test_new_terms_against_independent_autograd(spec, v):
 
 
 def brute_dpace(alpha, trained, lam):
-    """D-PACE weights (docs/losses.md §7) by brute-force loops over plain floats: d_k = Σ_{m ≥ k, m trained}
+    """D-PACE weights (docs/design/losses.md §7) by brute-force loops over plain floats: d_k = Σ_{m ≥ k, m trained}
     Π_{j ≤ m} a_j with a_j = (1 − λ)·α_j + λ (1 for untrained slots), 0 on untrained slots, then scaled to mean 1
     over the trained slots of the batch. Returns a float64 tensor, a constant (no graph)."""
     nb, b = len(alpha), len(alpha[0])

@@ -1,4 +1,4 @@
-"""Gemma 3 as a training target (docs/design.md §11), on a tiny random Gemma 3 (``helpers/targets.py``): the drafter
+"""Gemma 3 as a training target (docs/design/design.md §11), on a tiny random Gemma 3 (``helpers/targets.py``): the drafter
 embeds its block tokens as the target embeds its input (scaled by sqrt(hidden)) with the full target and with its
 heads only (cache mode), its draft layers take the full-attention rotary base, and its teacher is the target's own
 next-token law, soft-capped where the target caps its logits (Gemma 2's form, on the same model)."""

@@ -1,5 +1,5 @@
 """The teacher from cached statistics (draft rows only) and from the full vocabulary equal the full-vocabulary
-log-softmax, and train the drafter to the same loss and gradients, in float64 (docs/design.md §3.6)."""
+log-softmax, and train the drafter to the same loss and gradients, in float64 (docs/design/design.md §3.6)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from dspark_lightning.selector import (
 
 DTYPE = torch.float64
 SIGNIFICANCE = 1e-3  # chi-square tests reject at p < 0.001 (deterministic: fixed generators)
-# (kind, gate_input, gate_activation): vanilla and the four gate forms of docs/design.md §4.2.
+# (kind, gate_input, gate_activation): vanilla and the four gate forms of docs/design/design.md §4.2.
 PAIR_FORMS = [
     ("vanilla", "hidden+prev", "sigmoid"),
     ("gated", "hidden+prev", "sigmoid"),
@@ -220,7 +220,7 @@ def test_input_errors_are_clear():
 
 # ------------------------------------------------------------------------------------------------ rnn
 def manual_rnn_decode(base, head, first_prev, hidden):
-    """Greedy rnn decode written from the docs/design.md §4.3 equations with the raw weights."""
+    """Greedy rnn decode written from the docs/design/design.md §4.3 equations with the raw weights."""
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
     wj, bj = head.joint_proj.weight, head.joint_proj.bias
     rank = head.config.rank
