@@ -8,7 +8,7 @@ tables (``decode --check_identity true --gap_table FILE``, rendered by ``decodin
 extrapolated tables of ``benchmarks/bench_memory_guidance.py``. This script parses those committed files and
 writes, next to each, the raw file ``tests/test_readme_numbers.py`` checks the README against:
 
-- ``reports/demo/gap.json``, ``reports/smollm2_400steps/gap.json`` from the ``gap.md`` beside them, in the shape of
+- ``experiments/demo_heads/gap.json``, ``experiments/smollm2_heads/400steps/gap.json`` from the ``gap.md`` beside them, in the shape of
   ``gap_decomposition``'s result (``mode``, ``stride``, ``prompts``, ``max_new_tokens``, ``tau``, ``blocks``,
   ``harmonic_c``) plus ``delta`` as printed (a delta was computed from unrounded taus, so it is not always the
   difference of the printed ones);
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GAP_REPORTS = ("reports/demo", "reports/smollm2_400steps")
+GAP_REPORTS = ("experiments/demo_heads", "experiments/smollm2_heads/400steps")
 MEMORY_GUIDANCE = "benchmarks/results/memory_guidance.md"
 
 

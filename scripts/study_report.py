@@ -1,9 +1,9 @@
 """Collect a training study's measured points into a report: results.json, results.csv, table.md, a plot.
 
-    python scripts/study_report.py --study_dir study/smollm2 --output reports/smollm2_study
+    python scripts/study_report.py --study_dir study/smollm2 --output experiments/smollm2_cpu_hour_study
 
 A point is a checkpoint ``<study_dir>/<run>/step=<N>.ckpt`` with its ``step=<N>.decode.json`` (``decode --eval_sets
-... --baseline false --json``, as ``reports/smollm2_study/run.sh`` writes them). What each point trained with is read
+... --baseline false --json``, as ``experiments/smollm2_cpu_hour_study/run.sh`` writes them). What each point trained with is read
 from the checkpoint itself (drafter layers and anchors, learning rate, training caches, seed), never typed here; the
 conversations it saw are the ``records`` of each training cache's ``index.json``; a run's last checkpoint also gets the
 teacher-forced greedy tau its fit printed at its one validation (``<run>.fit.log``, 16 cached validation rows); CPU seconds per step come from the
