@@ -1,7 +1,7 @@
 """Machine-readable copies of figures that exist only in generated markdown, parsed from the committed reports.
 
-    python scripts/results_from_reports.py           # (re)write every file below from its markdown
-    python scripts/results_from_reports.py --check   # exit 1, naming it, if a committed file differs
+    python experiments/tools/results_from_reports.py           # (re)write every file below from its markdown
+    python experiments/tools/results_from_reports.py --check   # exit 1, naming it, if a committed file differs
 
 Some README figures were only ever written as markdown by the code that measured them: the train/serve gap
 tables (``decode --check_identity true --gap_table FILE``, rendered by ``decoding/gap.py: gap_markdown``) and the
@@ -30,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GAP_REPORTS = ("experiments/demo_heads", "experiments/smollm2_heads/400steps")
 MEMORY_GUIDANCE = "benchmarks/results/memory_guidance.md"
 
@@ -129,7 +129,11 @@ def main(argv=None) -> int:
             path.write_text(content)
             print(f"wrote {path.relative_to(ROOT)}")
     if stale:
-        print("out of date with their markdown (run python scripts/results_from_reports.py):", *stale, file=sys.stderr)
+        print(
+            "out of date with their markdown (run python experiments/tools/results_from_reports.py):",
+            *stale,
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -1,6 +1,6 @@
 """Collect a training study's measured points into a report: results.json, results.csv, table.md, a plot.
 
-    python scripts/study_report.py --study_dir study/smollm2 --output experiments/smollm2_cpu_hour_study
+    python experiments/tools/study_report.py --study_dir study/smollm2 --output experiments/smollm2_cpu_hour_study
 
 A point is a checkpoint ``<study_dir>/<run>/step=<N>.ckpt`` with its ``step=<N>.decode.json`` (``decode --eval_sets
 ... --baseline false --json``, as ``experiments/smollm2_cpu_hour_study/run.sh`` writes them). What each point trained with is read

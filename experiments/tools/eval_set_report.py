@@ -1,8 +1,8 @@
 """Render a measured-decoding report on the evaluation sets from ``decode --eval_sets ... --json`` output.
 
-    python scripts/eval_set_report.py --decode_json runs/x/decode.json --output reports/NAME \
+    python experiments/tools/eval_set_report.py --decode_json runs/x/decode.json --output reports/NAME \
         --title "..." --fit_command "..." --measure_command "..."
-    python scripts/eval_set_report.py --decode_json none=a.json --decode_json gated=b.json ...   # one row per head
+    python experiments/tools/eval_set_report.py --decode_json none=a.json --decode_json gated=b.json ...   # one row per head
         [--paired_against none]   # and each other head's tau minus none's, paired over the same prompts
 
 Writes ``results.json`` (the commands and, per evaluation set and schedule, ``eval_set``, ``measured_tau``,
