@@ -1,7 +1,7 @@
 """Validation curves of finished runs, side by side: one CSV and one tau-vs-step chart from their ``metrics.csv``.
 
     python scripts/validation_curves.py --run 1200_steps=runs/smollm2_1200/gated/version_0/metrics.csv \
-        --run 3000_steps=runs/smollm2_3000/gated/version_0/metrics.csv --output reports/smollm2_3000steps
+        --run 3000_steps=runs/smollm2_3000/gated/version_0/metrics.csv --output experiments/smollm2_heads/3000steps
 
 Reads the rows of a Lightning ``CSVLogger`` file that carry a validation (``val/greedy_tau``); steps are reported
 1-based (the logger writes the 0-based step of the last optimizer step, so a validation after 500 steps is step

@@ -225,4 +225,4 @@ print("WANDB_MODE=online dspark-lightning fit --config configs/quickstart.yaml")
 # - **03 · The Selector**: the top-k walk that runs a Markov head in parallel, and why it is exact at `k = V`.
 # - **04 · Confidence**: calibrating the confidence head and scheduling how much of a block to verify.
 # - **05 · Scaling up**: real targets, W&B online, multi-GPU, the offline hidden-state cache.
-# - `dspark-lightning report --output reports/demo` trains every head at two block sizes and writes a report.
+# - `dspark-lightning report --output experiments/demo_heads` trains every head at two block sizes and writes a report.

@@ -145,7 +145,7 @@ fig.tight_layout()
 #
 # - 200 CPU steps on a 1M-parameter target is a *tiny* budget and a single seed: differences of a few hundredths in
 #   tau are noise. The full comparison with 3x the steps and both block sizes is one command:
-#   `dspark-lightning report --output reports/demo` (its numbers are in the README).
+#   `dspark-lightning report --output experiments/demo_heads` (its numbers are in the README).
 # - **Teacher-forced vs measured tau.** Teacher-forced numbers score every slot given the *true* previous tokens;
 #   real decoding conditions on the drafter's own earlier guesses and on the target's own continuation, so it is the
 #   number that predicts the speed-up. Watch the gap between the two when you change heads or data.

@@ -322,6 +322,6 @@ pd.DataFrame(
 # Both heads decode equally well sequentially, but as a Selector the identity-gated form is much worse here, although
 # it trained with the DFlash-2 candidate loss (weight 0.5 in `configs/heads/selector.yaml`): at this budget the loss
 # does not pull the token the head prefers into the top-`k` base logits, and the unbounded gate lets the bias override
-# them. The SmolLM2 report (`reports/smollm2/report.md`) shows the same at 1,200 steps: coverage@16 0.463 for this
+# them. The SmolLM2 report (`experiments/smollm2_heads/1200steps/report.md`) shows the same at 1,200 steps: coverage@16 0.463 for this
 # form against 0.842 for the gated head. `val/selector/coverage@k` / `agreement@k` (logged by the
 # `SelectorEquivalenceCallback` in the quickstart config) let you watch it during training.

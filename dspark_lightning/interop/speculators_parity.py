@@ -5,7 +5,7 @@ under another interpreter that has it. Each job loads an export with ``DSparkDra
 (embedding and LM head re-loaded from the recorded verifier) and computes, on one block after a prefix of the
 target's features (``block_inputs``), the base logits, the Markov bias for given previous tokens and the confidence
 logits; ``our_outputs`` computes the same with our drafter. Used by tests/integration/commands/test_speculators_interop.py and
-reports/gemma3/speculators_check.py.
+experiments/gemma3_heads/speculators_check.py.
 """
 
 from __future__ import annotations

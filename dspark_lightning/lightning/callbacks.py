@@ -323,7 +323,7 @@ class SpeculativeDecodingCallback(L.Callback):
             pl_module.log(f"val/decode/{mode}/tau", tau, rank_zero_only=True)
             if on_policy_tau is not None:
                 pl_module.log(f"val/decode/{mode}/on_policy_greedy_tau", on_policy_tau, rank_zero_only=True)
-                # what decoding's anchor placement costs (reports/demo/gap.md, step (c) -> (d))
+                # what decoding's anchor placement costs (experiments/demo_heads/gap.md, step (c) -> (d))
                 pl_module.log(f"val/decode/{mode}/on_policy_gap", on_policy_tau - tau, rank_zero_only=True)
             if teacher_tau is not None and mode in ("markov", "parallel"):
                 pl_module.log(f"val/decode/{mode}/gap", teacher_tau - tau, rank_zero_only=True)

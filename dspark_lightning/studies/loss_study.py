@@ -1,6 +1,6 @@
 """``dspark-lightning loss-study``: train the same head with each drafter loss, over several seeds, and compare.
 
-    dspark-lightning loss-study --output reports/loss_study                      # the committed study
+    dspark-lightning loss-study --output experiments/loss_study/demo                      # the committed study
     dspark-lightning loss-study --output /tmp/s --losses '[kl,nla]' --seeds '[0]' --budget.steps 4   # a quick look
 
 Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``

@@ -1,6 +1,6 @@
 """``dspark-lightning report``: train the Markov-head variants on the demo and write a one-page experiment report.
 
-    dspark-lightning report --output reports/demo                       # none/vanilla/gated/rnn x B = 8, 16
+    dspark-lightning report --output experiments/demo_heads                       # none/vanilla/gated/rnn x B = 8, 16
     dspark-lightning report --output /tmp/r --heads '[none,vanilla]' --block_sizes '[8]' --budget.steps 40  # quick
 
 For every (head, block size) it runs ``fit`` through the real CLI (``lightning_main``: the run is exactly what a user

@@ -1,6 +1,6 @@
 """``dspark-lightning report-recipe``: train every head on a recipe (``configs/recipes/<name>.yaml``) and measure it.
 
-    dspark-lightning report-recipe --recipe configs/recipes/smollm2.yaml --output reports/smollm2   # the recipe's heads
+    dspark-lightning report-recipe --recipe configs/recipes/smollm2.yaml --output experiments/smollm2_heads/1200steps   # the recipe's heads
     dspark-lightning report-recipe --recipe smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2
 
 Each head is trained by ``fit`` with the recipe's fit config + ``configs/heads/<head>.yaml`` (``Recipe.fit_configs``),

@@ -104,7 +104,7 @@ def test_greedy_continuation_of_a_validation_prompt_is_deterministic_and_as_stor
 
 
 def test_grown_smollm2_split_extends_the_report_split_and_stays_held_out():
-    # reports/smollm2_longer trains on the grown split; reports/smollm2_400steps on its first 378 lines (a resumed regeneration)
+    # experiments/smollm2_heads/gated_longer trains on the grown split; experiments/smollm2_heads/400steps on its first 378 lines (a resumed regeneration)
     smollm2 = ASSETS / "smollm2"
     report = (smollm2 / "regenerated" / "train-00000.jsonl").read_bytes()
     grown = (smollm2 / "regenerated-951" / "train-00000.jsonl").read_bytes()
@@ -118,7 +118,7 @@ def test_grown_smollm2_split_extends_the_report_split_and_stays_held_out():
 
 def test_the_regenerated_training_split_continues_in_order_and_stays_held_out():
     # regenerated-more holds the same resumed run past the 951: conversations 952-1284 (the extra data of
-    # reports/smollm2_3000steps), then 1285 onwards; every id is a training-split id, never a validation one
+    # experiments/smollm2_heads/3000steps), then 1285 onwards; every id is a training-split id, never a validation one
     from dspark_lightning.data.splits import IdSplit
 
     smollm2 = ASSETS / "smollm2"

@@ -1,4 +1,4 @@
-"""scripts/eval_set_report.py: rows read from ``decode --json`` files, a head per file, and the break-even tau."""
+"""experiments/tools/eval_set_report.py: rows read from ``decode --json`` files, a head per file, and the break-even tau."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers.paths import ROOT
 
-spec = importlib.util.spec_from_file_location("eval_set_report", ROOT / "scripts" / "eval_set_report.py")
+spec = importlib.util.spec_from_file_location("eval_set_report", ROOT / "experiments" / "tools" / "eval_set_report.py")
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 

@@ -1,4 +1,4 @@
-"""scripts/study_report.py: which points are the base configuration, and the tau-vs-tokens extrapolation."""
+"""experiments/tools/study_report.py: which points are the base configuration, and the tau-vs-tokens extrapolation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers.paths import ROOT
 
-spec = importlib.util.spec_from_file_location("study_report", ROOT / "scripts" / "study_report.py")
+spec = importlib.util.spec_from_file_location("study_report", ROOT / "experiments" / "tools" / "study_report.py")
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 
