@@ -36,3 +36,5 @@ def test_unit_tests_mirror_the_package():
     )
     for top in ("unit", "integration", "repo"):
         assert any((ROOT / "tests" / top).rglob("test_*.py")), f"tests/{top}/ holds no tests"
+    loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert not loose, f"tests at the root of tests/ (put them in unit/, integration/ or repo/): {loose}"
