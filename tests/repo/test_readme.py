@@ -98,7 +98,7 @@ def test_layout_tables_name_every_module_of_the_package():
     glance = README.split("## Library at a glance", 1)[1].split("\n## ", 1)[0]
     assert [f for f in folders if f"`{f}/`" not in glance and f"dspark_lightning/{f}/" not in glance] == []
     assert [r for r in roots if f"`{r}`" not in glance] == []
-    design = (ROOT / "docs" / "design.md").read_text()
+    design = (ROOT / "docs" / "design" / "design.md").read_text()
     count, listed = re.search(
         r"and (\w+) shared utilities, each with its reason at its top:\s*(.*?)\.\s", design, re.S
     ).groups()
