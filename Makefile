@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CONSTRAINTS ?= constraints-cpu.txt
 
-.PHONY: install quickstart test lint bench assets gpu-check clean
+.PHONY: install quickstart test lint bench assets gpu-check docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,5 +40,9 @@ gpu-check: $(STAMP)
 assets: $(STAMP)
 	$(BIN)/python scripts/make_demo_assets.py
 
+# The documentation site (mkdocs.yml) into site/; --strict: a broken internal link or a missing nav page fails
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict -d site
+
 clean:
-	rm -rf runs outputs lightning_logs wandb .pytest_cache
+	rm -rf runs outputs lightning_logs wandb .pytest_cache site
