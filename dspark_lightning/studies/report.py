@@ -8,7 +8,7 @@ gets from ``dspark-lightning fit --config configs/quickstart.yaml --config confi
 overrides) and then measures, on the same model object:
 
 - teacher-forced tau and greedy tau on the validation blocks (the last validation of ``fit``);
-- measured tau: real greedy speculative decoding (``speculative_generate`` via ``evaluation.decode_tables``) on the
+- measured tau: real greedy speculative decoding (``speculative_generate`` via ``decoding.decode_tables``) on the
   validation eval prompts, tokens per target forward; ``markov`` mode (``parallel`` for the head-less drafter), plus
   ``selector`` mode (top-k walk) where the head has a Selector form;
 - Selector agreement / coverage at k (``selector.equivalence_report``; n/a for ``none`` and ``rnn``);

@@ -201,7 +201,7 @@ def test_a_checkpoint_that_does_not_match_its_hyper_parameters_is_a_clear_error(
 
 
 def test_decode_json_keeps_the_rows_finished_before_a_stop(trained_checkpoint, tmp_path, monkeypatch):
-    from dspark_lightning.evaluation import decode_tables
+    from dspark_lightning.decoding import decode_tables
 
     measured, real = [], decode_tables._untimed_row
 
