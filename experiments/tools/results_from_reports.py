@@ -6,7 +6,7 @@
 Some README figures were only ever written as markdown by the code that measured them: the train/serve gap
 tables (``decode --check_identity true --gap_table FILE``, rendered by ``decoding/gap.py: gap_markdown``) and the
 extrapolated tables of ``benchmarks/bench_memory_guidance.py``. This script parses those committed files and
-writes, next to each, the raw file ``tests/test_readme_numbers.py`` checks the README against:
+writes, next to each, the raw file ``tests/repo/test_doc_numbers.py`` checks the pages against:
 
 - ``experiments/demo_heads/gap.json``, ``experiments/smollm2_heads/400steps/gap.json`` from the ``gap.md`` beside them, in the shape of
   ``gap_decomposition``'s result (``mode``, ``stride``, ``prompts``, ``max_new_tokens``, ``tau``, ``blocks``,

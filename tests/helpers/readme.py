@@ -1,11 +1,22 @@
-"""README's command lines as argument lists, for the tests that parse them and check what they write."""
+"""The command lines of README.md and the docs site's pages as argument lists, for the tests that parse them and
+check what they write."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 from helpers.paths import ROOT
+
+
+def documents() -> list[Path]:
+    """README.md and every page of the documentation site (``docs/**/*.md``): the files whose commands are checked."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def all_documents_text() -> str:
+    return "\n\n".join(path.read_text() for path in documents())
 
 
 def expand(line: str, variables: dict[str, str]) -> str:
@@ -16,13 +27,13 @@ def expand(line: str, variables: dict[str, str]) -> str:
 
 
 def code_blocks(text: str | None = None) -> list[str]:
-    """The ``bash`` and ``sh`` code blocks of README (or of ``text``), continuation lines joined."""
-    text = (ROOT / "README.md").read_text() if text is None else text
+    """The ``bash`` and ``sh`` code blocks of README and the docs (or of ``text``), continuation lines joined."""
+    text = all_documents_text() if text is None else text
     return [block.replace("\\\n", " ") for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S)]
 
 
 def readme_commands(text: str | None = None) -> list[list[str]]:
-    """Every ``dspark-lightning`` command line of README's code blocks (``$B``/``$T``-style variables expanded,
+    """Every ``dspark-lightning`` command line of the code blocks of README and the docs (or of ``text``) (``$B``/``$T``-style variables expanded,
     ``[--optional ...]`` groups dropped)."""
     commands = []
     for block in code_blocks(text):

@@ -146,9 +146,9 @@ def test_cache_and_draft_vocab_read_completion_records_as_training_does(tmp_path
 
 
 def test_readme_base_model_commands_run_at_demo_scale(tmp_path, monkeypatch):
-    """README "Base models: completion data", each command as written plus a small limit, outputs under tmp_path."""
+    """The "Base models" guide's commands, each as written plus a small limit, outputs under tmp_path."""
     monkeypatch.chdir(ROOT)  # the commands use repository-relative paths
-    section = (ROOT / "README.md").read_text().split("\n### Base models: completion data\n", 1)[1].split("\n### ")[0]
+    section = (ROOT / "docs/guides/base_models.md").read_text()
     ran = Counter()
     for words in readme_commands(section):
         args = [str(tmp_path / a) if a.startswith("data/completion") else a for a in words]

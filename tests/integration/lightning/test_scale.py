@@ -222,11 +222,10 @@ def test_regenerate_parallel_jobs_split_records_without_overlap(tmp_path):
     assert len(ids) == len(set(ids)) == sum(s["written"] for s in summaries) == 5
 
 
-# ---------------------------------------------------------------------------------- README "Scaling up"
+# ---------------------------------------------------------------------------------- the "Scaling up" guide
 def doc_commands(fence: str) -> list[list[str]]:
-    """The ``dspark-lightning`` command lines of the ``fence`` code blocks of README's "Scaling up" section."""
-    readme = (ROOT / "README.md").read_text()
-    text = readme.split("\n## Scaling up\n", 1)[1].split("\n## ", 1)[0]
+    """The ``dspark-lightning`` command lines of the ``fence`` code blocks of the "Scaling up" guide."""
+    text = (ROOT / "docs/guides/scaling_up.md").read_text()
     commands = []
     for block in re.findall(rf"```{fence}\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():

@@ -1,22 +1,24 @@
-"""README.md's numbers against the raw files they quote, so that the README cannot drift from its results.
+"""The numbers of README.md and the docs against the raw files they quote, so that no page can drift from its results.
 
-Every markdown table of README.md is listed below, by the section it sits in and its position there:
+The pages checked: README.md, every page under ``docs/`` and the experiments ledger (``experiments/README.md``),
+read as one text (each page starts with its own ``#`` heading). Every markdown table there is listed below, by the
+section it sits in and its position there:
 
 - a results table maps each column to a field of the results file it quotes (json path or csv column, formatted
-  as the README prints it); every numeric cell is compared as text, and the table's rows must be exactly the
-  file's rows, so a new run with another row or a changed value fails here until the README follows;
+  as the page prints it); every numeric cell is compared as text, and the table's rows must be exactly the
+  file's rows, so a new run with another row or a changed value fails here until the page follows;
 - the Performance table's cells are prose: each row (keyed by its file column) lists the figures it quotes as
   claims, a template whose ``{}`` are filled from the raw files; every digit of the row must then belong to a
   claim, to a setup fact (``context``: targets, sizes, machine) or to a figure with no raw file (``unbacked``),
-  which the README marks "no raw file" next to it;
-- a few prose paragraphs that quote a raw file are checked the same way (``PROSE``);
+  which the page marks "no raw file" next to it;
+- prose paragraphs that quote a raw file are checked the same way (``PROSE``);
 - ``PROSE_ONLY`` names the tables without figures (why each needs no file); any other table fails.
 
-The README quotes no count of tests (it drifted: "543 tests" with ~600 collected); ``test_no_test_count`` keeps it so.
+The pages quote no count of tests (it drifted: "543 tests" with ~600 collected); ``test_no_test_count`` keeps it so.
 Raw files parsed from generated markdown (``gap.json``, ``memory_guidance_*.csv``) must equal what
 ``experiments/tools/results_from_reports.py`` makes of their markdown today.
 
-A failure names the table (or paragraph), the row and the expected text; fix the README (or the mapping, when a
+A failure names the table (or paragraph), the row and the expected text; fix the page (or the mapping, when a
 file's layout changed) — never the raw file.
 """
 
@@ -33,13 +35,23 @@ from dataclasses import dataclass, field
 
 import pytest
 from helpers.paths import ROOT
+from helpers.readme import documents
 
-README = (ROOT / "README.md").read_text()
-# until README.md is rewritten (issue 39) it may still name reports/*: read those paths as their experiments/* homes
+# the pages that quote results (the design notes and the API reference define things; they quote none)
+PAGES = [
+    *(
+        page
+        for page in documents()
+        if not page.is_relative_to(ROOT / "docs/design") | page.is_relative_to(ROOT / "docs/api")
+    ),
+    ROOT / "experiments/README.md",
+]
+TEXT = "\n\n".join(page.read_text() for page in PAGES)  # every checked page, each from its own "# " heading
+# pages may still name an old reports/* or benchmarks/* path: read those as their new homes
 for _old, _new in sorted(
     (line.split("\t") for line in (ROOT / "experiments/moves.tsv").read_text().splitlines()), key=lambda m: -len(m[0])
 ):
-    README = re.sub(re.escape(_old) + r"(?![A-Za-z0-9_])", _new, README)
+    TEXT = re.sub(re.escape(_old) + r"(?![A-Za-z0-9_])", _new, TEXT)
 NO_RAW_FILE = "no raw file"
 
 
@@ -102,7 +114,7 @@ def safetensors_metadata(path: str) -> dict:
         return json.loads(f.read(length))["__metadata__"]
 
 
-# ------------------------------------------------------------------------------------------------- README parsing
+# -------------------------------------------------------------------------------------------------- page parsing
 @dataclass
 class Table:
     section: str  # the heading it sits under
@@ -116,7 +128,7 @@ def split_cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
-def readme_tables(text: str = README) -> list[Table]:
+def readme_tables(text: str = TEXT) -> list[Table]:
     tables, section, index, before, block, fenced = [], "", 0, [], [], False
 
     def close():
@@ -141,11 +153,11 @@ def readme_tables(text: str = README) -> list[Table]:
     return tables
 
 
-def paragraph(start: str, text: str = README) -> str:
+def paragraph(start: str, text: str = TEXT) -> str:
     """The paragraph (or list item) of the README that begins with ``start``."""
     at = text.index(start)
     end = re.compile(r"\n\s*\n|\n- ").search(text, at + len(start))
-    assert text.count(start) == 1, f"README: {start!r} is not unique"
+    assert text.count(start) == 1, f"the pages: {start!r} is not unique"
     return text[at : end.start() if end else len(text)]
 
 
@@ -256,8 +268,30 @@ DEMO_LOSSES = {"kl": "kl", "tv": "tv", "ce+tv": "ce + tv (default, 0.1/0.9)", "j
 SMOLLM2_LOSSES = {"kl": "kl (the recipe's default)", "tv": "tv", "ce+tv": "ce + tv (0.1/0.9)", "js": "js",
                   "nla": "nla", "lk_hybrid": "lk_hybrid", "js+dpace": "js + D-PACE"}  # fmt: skip
 
+
+def interval(value: str, bounds: str, suffix: str = "") -> Callable[[dict], str]:
+    """A figure and its 95% interval as the pages print them: ``1.502 [1.396, 1.641]`` (``x`` after speedups)."""
+    return lambda r: "{:.3f}{s} [{:.3f}, {:.3f}]".format(r[value], *r[bounds], s=suffix)
+
+
+SCHEDULES = {False: "whole blocks", True: "cost model"}
+
 RESULTS_TABLES = {
-    ("Results", 0): ResultsTable(
+    ("Results", 0): ResultsTable(  # README's headline
+        "experiments/smollm2_cpu_hour_study/packed_head/results.json",
+        "experiments/smollm2_cpu_hour_study/packed_head/",
+        lambda d: {(r["eval_set"], SCHEDULES[isinstance(r["threshold"], list)]): r for r in d["eval_sets"]},
+        lambda d: {
+            "eval set": lambda r: r["eval_set"],
+            "schedule": lambda r: SCHEDULES[isinstance(r["threshold"], list)],
+            "measured tau [95% CI]": interval("measured_tau", "measured_tau_ci"),
+            "speedup vs `generate` [95% CI]": interval("speedup", "speedup_ci", "x"),
+            "vs `generate` on the same kernels [95% CI]": interval(
+                "speedup_vs_packed_generate", "speedup_vs_packed_generate_ci", "x"
+            ),
+        },
+    ),
+    ("The demo target: every head and block size", 0): ResultsTable(
         "experiments/demo_heads/results.json",
         "experiments/demo_heads/report.md",
         lambda d: {(DEMO_HEADS.get(r["head"], r["head"]), str(r["block_size"])): r for r in d["rows"]},
@@ -297,7 +331,17 @@ RESULTS_TABLES = {
 # Tables without a single figure: the only ones that need no raw file.
 PROSE_ONLY = {
     ("Scaling up", 0): "which option to use for which need: names of configs and commands, no figures",
-    ("Library at a glance", 0): "what each module holds: no figures",
+    ("Commands", 0): "README's command table: names, modules and guides",
+    ("Guides", 0): "the docs site's index of guides",
+    ("The two methods, and what runs where", 0): "which vLLM runner serves which method where",
+    ("Support matrix", 0): "which head each engine serves (engine versions are names, not results)",
+    ("Field mapping", 0): "which of our config fields each vLLM reader takes",
+}
+VERSIONS = r"(?:speculators|vLLM) \d+(?:\.\d+)+"  # an engine version in a prose-only table names it, not a result
+PROSE_ONLY_NAMES = {  # digits that are part of a name or a rule, not a result
+    ("Guides", 0): ["Gemma 3 270M", "a 262k vocabulary", "SmolLM2"],
+    ("Support matrix", 0): ["`markov_rank` 0"],
+    ("Field mapping", 0): ["ours + 1", "aux - 1"],
 }
 
 
@@ -657,7 +701,26 @@ PACKED_HEAD, P2400 = "experiments/smollm2_cpu_hour_study/packed_head/results.jso
 
 HEADS3 = ("none", "vanilla", "gated")
 
+def packed_head(key: str) -> Callable[[], str]:
+    """A setup figure shared by every row of the packed-head report (prompts, tokens, threads)."""
+    return lambda: same([r[key] for r in load_json(PACKED_HEAD)["eval_sets"]], ".0f")
+
+
 PROSE = {
+    "The best drafter measured so far": Figures(  # README's headline, above its table
+        claims=[
+            ("on {} prompts of each evaluation set ×\n{} new tokens", packed_head("num_prompts"),
+             packed_head("max_new_tokens")),
+            ("on {} threads of an AMD EPYC", packed_head("torch_threads")),
+        ],
+        context=["SmolLM2-135M-Instruct", "2,400 training steps on 3,000", "(AVX2)", "95%"],
+    ),
+    "Measured fairly (against": Figures(
+        claims=[
+            ("tau grows about\n{} per 10× training tokens", study_fit("sharegpt_heldout", "slope_per_decade")),
+            ("training step {}× the time of speculators'", step("vanilla-B8", "ratio", ".2f")),
+        ],
+    ),
     "**Gemma 3 270M, a base model**": Figures(
         claims=[
             ("measured tau {} head-less, {} vanilla and {} gated", *(gemma(h, "measured_tau") for h in HEADS3)),
@@ -898,14 +961,14 @@ def table_key(table: Table, keys) -> tuple | None:
 
 def the_table(key) -> Table:
     found = [t for t in readme_tables() if table_key(t, [key])]
-    assert len(found) == 1, f"README: {len(found)} tables at {key} (a mapped table was moved or removed?)"
+    assert len(found) == 1, f"the pages: {len(found)} tables at {key} (a mapped table was moved or removed?)"
     return found[0]
 
 
 def test_every_readme_table_has_a_raw_file_or_is_prose_only():
     keys = [*RESULTS_TABLES, *PROSE_ONLY, ("Performance", 0)]
     unmapped = [(t.section, t.index, t.header) for t in readme_tables() if table_key(t, keys) is None]
-    assert not unmapped, f"README tables with no raw file mapped in this test (add them to RESULTS_TABLES): {unmapped}"
+    assert not unmapped, f"tables with no raw file mapped in this test (add them to RESULTS_TABLES): {unmapped}"
     for key in keys:
         the_table(key)
 
@@ -913,19 +976,19 @@ def test_every_readme_table_has_a_raw_file_or_is_prose_only():
 @pytest.mark.parametrize("key", list(RESULTS_TABLES), ids=lambda k: f"{k[0]}#{k[1]}")
 def test_results_table_matches_its_file(key):
     spec, table = RESULTS_TABLES[key], the_table(key)
-    assert spec.named in table.before, f"README names {spec.named} before the table under {key[0]!r}"
+    assert spec.named in table.before, f"the page names {spec.named} before the table under {key[0]!r}"
     data = load_csv(spec.source) if spec.source.endswith(".csv") else load_json(spec.source)
     columns, records = spec.columns(data), spec.records(data)
     assert table.header == list(columns), f"{key}: columns {table.header}, mapped {list(columns)}"
     key_columns = len(next(iter(records)))
     readme_keys = [tuple(bare(c) for c in cells[:key_columns]) for cells in table.rows]
-    assert sorted(readme_keys) == sorted(records), f"{key}: README rows {readme_keys}, {spec.source} {list(records)}"
+    assert sorted(readme_keys) == sorted(records), f"{key}: page rows {readme_keys}, {spec.source} {list(records)}"
     wrong = []
     for cells, k in zip(table.rows, readme_keys, strict=True):
         for header, cell in zip(table.header, cells, strict=True):
             expected = columns[header](records[k])
             if bare(cell) != expected:
-                wrong.append(f"{k} {header!r}: README {cell!r}, {spec.source} gives {expected!r}")
+                wrong.append(f"{k} {header!r}: page {cell!r}, {spec.source} gives {expected!r}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -936,14 +999,14 @@ def check_figures(text: str, figures: Figures, where: str):
     for template, *values in figures.claims:
         expected = " ".join(template.format(*(value() for value in values)).split())
         if expected not in text:
-            wrong.append(f"{where}: README should say {expected!r}")
+            wrong.append(f"{where}: the page should say {expected!r}")
         rest = rest.replace(expected, " ")
     for snippet in figures.unbacked:
         at = text.find(snippet)
         if at < 0:
             wrong.append(f"{where}: no {snippet!r} (an unbacked figure listed here; delete it from the list?)")
         elif NO_RAW_FILE not in text[max(0, at - 200) : at + len(snippet) + 200]:
-            wrong.append(f"{where}: {snippet!r} has no raw file and the README does not say so next to it")
+            wrong.append(f"{where}: {snippet!r} has no raw file and the page does not say so next to it")
         rest = rest.replace(snippet, " ")
     for snippet in figures.context:
         assert snippet in text, f"{where}: no {snippet!r} (a context snippet listed here)"
@@ -973,13 +1036,16 @@ def test_prose_figures_match_their_files(start):
 def test_prose_only_tables_hold_no_figures(key):
     table = the_table(key)
     text = " ".join(" ".join(cells) for cells in [table.header, *table.rows])
-    text = re.sub(r"`[^`]*`", " ", text)  # code: names of files, configs and commands
+    for name in [*PROSE_ONLY_NAMES.get(key, []), "95%"]:  # 95%: the confidence level of an interval, a name
+        text = text.replace(name, " ")
+    text = re.sub(VERSIONS, " ", text)
+    text = re.sub(r"`[^`]*`|\]\([^)]*\)|SmolLM2|Qwen3", " ", text)  # code spans, link targets, model names
     assert not re.findall(r"(?<![\w-])\d", text), f"{key}: a figure in a table listed as prose-only"
 
 
 def test_no_test_count():
     """The README says "the suite", never how many tests it holds: that count drifted (543 quoted, ~600 collected)."""
-    assert not re.search(r"\b\d[\d,]*\s+(?:test cases|tests)\b", README), "README quotes a number of tests"
+    assert not re.search(r"\b\d[\d,]*\s+(?:test cases|tests)\b", TEXT), "a page quotes a number of tests"
 
 
 def test_raw_files_parsed_from_markdown_are_up_to_date():
