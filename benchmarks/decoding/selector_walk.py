@@ -73,12 +73,19 @@ def interleaved_times_ms(fns: dict[str, object], repeats: int) -> dict[str, floa
 
 
 def selector_at_revision(revision: str):
-    """The ``walks`` module of ``dspark_lightning.selector`` at a git revision, imported as a temporary package."""
+    """The ``walks`` module of ``dspark_lightning.selector`` at a git revision, imported as a temporary package (every
+    module of that revision's ``selector/`` but its ``__init__``, which would import the rest of the package)."""
     root = Path(__file__).resolve().parents[2]
     package = Path(tempfile.mkdtemp()) / "selector_at_revision"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    for name in ("topk", "pairs", "walks"):
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-tree", "--name-only", f"{revision}:dspark_lightning/selector"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in (f.removesuffix(".py") for f in listed if f.endswith(".py") and f != "__init__.py"):
         source = subprocess.run(
             ["git", "-C", str(root), "show", f"{revision}:dspark_lightning/selector/{name}.py"],
             capture_output=True,
