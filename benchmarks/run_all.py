@@ -1,23 +1,29 @@
-"""Run every benchmark and regenerate ``benchmarks/results`` (what ``make bench`` calls).
+"""Run every standing benchmark and regenerate its group's ``results/`` (what ``make bench`` calls).
 
     python -m benchmarks.run_all                 # full run (10-25 minutes on 2 shared cores, see benchmarks/README.md)
     python -m benchmarks.run_all --quick         # smoke run of every benchmark into a temporary directory
     python -m benchmarks.run_all --only train_step scaling [--out-dir DIR]
 
 Design choices:
+- A benchmark is a module ``benchmarks/<group>/<what_it_measures>.py`` (groups: training, memory, decoding); its
+  results go to ``benchmarks/<group>/results/`` unless ``--out-dir`` sends every benchmark's files to one directory.
+  Its ``run_all`` name is the stem of its result files (``--only decode`` reruns what writes ``decode.*``).
 - Each benchmark runs in its own subprocess (``python -c`` calling the module's ``main``), one after another: a crash
   or an out-of-memory kill in one does not stop the others, memory is returned between them, and they never compete
   for the cores. The run exits non-zero if any of them failed, after running the rest.
-- ``bench_selector`` and ``bench_loss_memory`` have no output-directory option; the subprocess sets their module-level
+- ``selector`` and ``loss_memory`` have no output-directory option; the subprocess sets their module-level
   ``RESULTS`` before calling ``main``, and ``PYTHONPATH`` points at the repository so their own worker subprocesses
   still import ``benchmarks.*`` from any working directory.
-- ``--quick`` runs each benchmark's smoke mode (``--quick``, or tiny sizes for ``bench_loss_memory``) into a fresh
+- ``--quick`` runs each benchmark's smoke mode (``--quick``, or tiny sizes for ``loss_memory``) into a fresh
   temporary directory unless ``--out-dir`` is given, so that a smoke run never overwrites the committed results.
-- Every ``benchmarks/bench_*.py`` is run: the ones listed in ``KNOWN`` with their arguments and result files, any
-  other one with no arguments (``--quick`` in quick mode if it has that flag) and only its exit status checked.
-- ``summary.md`` (in the output directory) lists each benchmark's status, wall time, finishing time and the load
-  average before and after it (the machine is shared); ``--only`` replaces only the rows of what it reran
-  (``summary.json`` keeps the records).
+- Every ``benchmarks/<group>/*.py`` not starting with ``_`` is run: the ones listed in ``KNOWN`` with their arguments
+  and result files, any other one (named ``group.module``) with no arguments (``--quick`` in quick mode if it has that
+  flag) and only its exit status checked.
+- ``summary.md`` (``benchmarks/summary.md``, or in ``--out-dir``) lists each benchmark's status, wall time, finishing
+  time and the load average before and after it (the machine is shared); ``--only`` replaces only the rows of what it
+  reran (``summary.json`` keeps the records).
+- One-off before/after comparisons are not here: they are experiments (``experiments/training_step_speedup/``,
+  ``experiments/gemma3_training_step/``), run by their own commands.
 """
 
 from __future__ import annotations
@@ -31,52 +37,51 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+GROUPS = ("training", "memory", "decoding")
 
-# name -> (full-run arguments, quick-run arguments, stem of the result files, quick stem); module benchmarks.bench_NAME
+
+# name -> (module under benchmarks/, full-run arguments, quick-run arguments, result stem, quick result stem)
 # fmt: off
-KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
-    "train_step": ([], ["--quick"], "train_step", "train_step_quick"),
-    "training_step": ([], ["--quick"], "training_step", "training_step_quick"),
-    "gemma_step": ([], ["--quick"], "gemma_step", "gemma_step_quick"),
-    "loss_memory": (["--threads", "1"], ["--rows", "64", "--vocab", "4096"], "loss_memory", "loss_memory"),
-    "selector": (["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
-    "scaling": ([], ["--quick"], "scaling", "scaling_quick"),
-    "memory_guidance": ([], ["--quick"], "memory_guidance", "memory_guidance"),
-    "decode": ([], ["--quick"], "decode", "decode_quick"),
-    "verify_kernels": ([], ["--quick"], "verify_kernels", "verify_kernels_quick"),
-    "threads": ([], ["--quick"], "threads", "threads_quick"),
-    "lm_head": (["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
-    "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
+KNOWN: dict[str, tuple[str, list[str], list[str], str | None, str | None]] = {
+    "train_step": ("training.step_vs_speculators", [], ["--quick"], "train_step", "train_step_quick"),
+    "scaling": ("training.step_scaling", [], ["--quick"], "scaling", "scaling_quick"),
+    "loss_memory": ("memory.loss_peak", ["--threads", "1"], ["--rows", "64", "--vocab", "4096"], "loss_memory", "loss_memory"),
+    "memory_guidance": ("memory.anchors_per_gpu", [], ["--quick"], "memory_guidance", "memory_guidance"),
+    "decode": ("decoding.speedup_vs_generate", [], ["--quick"], "decode", "decode_quick"),
+    "verify_kernels": ("decoding.verify_kernels", [], ["--quick"], "verify_kernels", "verify_kernels_quick"),
+    "threads": ("decoding.thread_count", [], ["--quick"], "threads", "threads_quick"),
+    "lm_head": ("decoding.lm_head_kernels", ["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
+    "selector": ("decoding.selector_walk", ["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
+    "quickstart": ("training.quickstart_wall_time", [], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, the most load-bound
 }
 # fmt: on
 # the others get RESULTS patched instead
-OUT_DIR_OPTION = {
-    "train_step",
-    "training_step",
-    "gemma_step",
-    "scaling",
-    "quickstart",
-    "decode",
-    "verify_kernels",
-    "threads",
-    "lm_head",
-}
+OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode", "verify_kernels", "threads", "lm_head"}
 
 
-def discover() -> dict[str, tuple[list[str], list[str], str | None, str | None]]:
-    """The known benchmarks in their order, then any other ``benchmarks/bench_*.py`` (run with ``--quick`` in quick
+def discover() -> dict[str, tuple[str, list[str], list[str], str | None, str | None]]:
+    """The known benchmarks in their order, then any other ``benchmarks/<group>/*.py`` (run with ``--quick`` in quick
     mode when its source mentions that flag; its result files unknown, so only its exit status is checked)."""
-    found = {p.stem.removeprefix("bench_"): p for p in sorted(Path(__file__).parent.glob("bench_*.py"))}
-    table = {name: spec for name, spec in KNOWN.items() if name in found}
-    for name, path in found.items():
-        if name not in table:
-            table[name] = ([], ["--quick"] if "--quick" in path.read_text() else [], None, None)
+    found = {
+        f"{group}.{p.stem}": p for group in GROUPS for p in sorted((HERE / group).glob("*.py")) if p.stem[0] != "_"
+    }
+    table = {name: spec for name, spec in KNOWN.items() if spec[0] in found}
+    known = {spec[0] for spec in table.values()}
+    for module, path in found.items():
+        if module not in known:
+            table[module] = (module, [], ["--quick"] if "--quick" in path.read_text() else [], None, None)
     return table
 
 
 BENCHMARKS = discover()
+
+
+def results_dir(name: str) -> Path:
+    """Where benchmark ``name`` writes by default: its group's ``results/``."""
+    return HERE / BENCHMARKS[name][0].split(".")[0] / "results"
+
 
 _WRAPPER = """
 import sys
@@ -91,8 +96,8 @@ sys.exit(code if isinstance(code, int) else 0)
 
 def command_for(name: str, quick: bool, out_dir: Path) -> list[str]:
     """The subprocess command line that runs benchmark ``name`` writing into ``out_dir``."""
-    full, quick_args, _, _ = BENCHMARKS[name]
-    module = f"benchmarks.bench_{name}"
+    module, full, quick_args, _, _ = BENCHMARKS[name]
+    module = f"benchmarks.{module}"
     argv = list(quick_args if quick else full)
     if name in OUT_DIR_OPTION:
         argv += ["--out-dir", str(out_dir)]
@@ -100,21 +105,24 @@ def command_for(name: str, quick: bool, out_dir: Path) -> list[str]:
 
 
 def expected_files(name: str, quick: bool, out_dir: Path) -> list[Path]:
-    stem = BENCHMARKS[name][3 if quick else 2]
+    stem = BENCHMARKS[name][4 if quick else 3]
     return [] if stem is None else [out_dir / f"{stem}.csv", out_dir / f"{stem}.md"]
 
 
-def run(names: list[str], quick: bool, out_dir: Path, log=print) -> list[dict]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(names: list[str], quick: bool, out_dir: Path | None, log=print) -> list[dict]:
+    """Run ``names`` one after another, each into ``out_dir`` (or, when None, its group's ``results/``); the summary
+    goes to ``out_dir`` (or ``benchmarks/``)."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.setdefault("WANDB_MODE", "disabled")
     records = []
     for name in names:
-        log(f"==> {name} ({'quick' if quick else 'full'}) -> {out_dir}")
+        target = out_dir or results_dir(name)
+        target.mkdir(parents=True, exist_ok=True)
+        log(f"==> {name} ({'quick' if quick else 'full'}) -> {target}")
         load_start, start = os.getloadavg()[0], time.perf_counter()
-        done = subprocess.run(command_for(name, quick, out_dir), cwd=ROOT, env=env)
+        done = subprocess.run(command_for(name, quick, target), cwd=ROOT, env=env)
         seconds = time.perf_counter() - start
-        missing = [p.name for p in expected_files(name, quick, out_dir) if not p.exists()]
+        missing = [p.name for p in expected_files(name, quick, target) if not p.exists()]
         status = "ok" if done.returncode == 0 and not missing else f"failed (exit {done.returncode})"
         if missing:
             status += f", missing {', '.join(missing)}"
@@ -132,18 +140,21 @@ def run(names: list[str], quick: bool, out_dir: Path, log=print) -> list[dict]:
     return records
 
 
-def write_summary(records: list[dict], quick: bool, out_dir: Path) -> None:
-    """``summary[_quick].md`` (+ ``.json``): this run's records merged over those of earlier runs into ``out_dir``."""
-    from benchmarks.bench_selector import machine_description
+def write_summary(records: list[dict], quick: bool, out_dir: Path | None) -> None:
+    """``summary[_quick].md`` (+ ``.json``): this run's records merged over those of earlier runs into ``out_dir``
+    (``benchmarks/`` when None; the results column then names files under each group's ``results/``)."""
+    summary_dir = out_dir or HERE
+    summary_dir.mkdir(parents=True, exist_ok=True)
+    from benchmarks.machine import machine_description
 
     stem = "summary_quick" if quick else "summary"
     merged: dict[str, dict] = {}
     try:
-        merged = json.loads((out_dir / f"{stem}.json").read_text())
+        merged = json.loads((summary_dir / f"{stem}.json").read_text())
     except (OSError, ValueError):
         pass
     merged |= {r["name"]: r for r in records}
-    (out_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
+    (summary_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
     machine = machine_description()
     lines = [
         f"# Benchmark runs{' (quick smoke mode)' if quick else ''}",
@@ -156,13 +167,14 @@ def write_summary(records: list[dict], quick: bool, out_dir: Path) -> None:
         "|---|---|---:|---|---|---|",
     ]
     for name in BENCHMARKS:
-        files = ", ".join(f"`{p.name}`" for p in expected_files(name, quick, out_dir) if p.exists())
+        found = [p for p in expected_files(name, quick, out_dir or results_dir(name)) if p.exists()]
+        files = ", ".join(f"`{p.relative_to(summary_dir).as_posix()}`" for p in found)
         r = merged.get(name)
         if r is None:
             lines.append(f"| {name} | not run by `run_all` | — | — | — | {files} |")
         else:
             lines.append(f"| {name} | {r['status']} | {r['seconds']:.0f} s | {r['finished']} | {r['load']} | {files} |")
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (summary_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,14 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="run only these benchmarks")
     parser.add_argument("--skip", nargs="+", choices=list(BENCHMARKS), default=[], help="do not run these")
     parser.add_argument(
-        "--out-dir", type=Path, default=None, help="default: benchmarks/results (full), a temp dir (quick)"
+        "--out-dir", type=Path, default=None, help="default: each group's results/ (full), a temp dir (quick)"
     )
     args = parser.parse_args(argv)
     names = [n for n in (args.only or list(BENCHMARKS)) if n not in args.skip]
-    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="dspark_bench_quick_")) if args.quick else RESULTS)
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="dspark_bench_quick_")) if args.quick else None)
     records = run(names, args.quick, out_dir)
     failed = [r["name"] for r in records if r["status"] != "ok"]
-    print(f"results in {out_dir}" + (f"; FAILED: {', '.join(failed)}" if failed else "; all ok"))
+    where = out_dir or "benchmarks/{training,memory,decoding}/results (summary: benchmarks/summary.md)"
+    print(f"results in {where}" + (f"; FAILED: {', '.join(failed)}" if failed else "; all ok"))
     return 1 if failed else 0
 
 

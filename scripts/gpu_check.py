@@ -569,7 +569,7 @@ def write_report(ctx: Context, argv: list[str] | None, checks: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks/results", help="result directory")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks/gpu/results", help="result directory")
     parser.add_argument("--cpu-smoke", action="store_true", help="small sizes (automatic without CUDA)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--only", default=",".join(PARTS), help="comma-separated parts to run")

@@ -194,7 +194,7 @@ fig.tight_layout()
 #
 # On the demo (`Vd` = 2048) both take about a millisecond; the difference shows with a real vocabulary. Here is one
 # batch of 16 blocks of 16 slots for `Vd` = 32768 with random weights (the speed does not depend on the values).
-# `python -m benchmarks.bench_selector` measures it properly (`Vd` up to 152k, several batch sizes).
+# `python -m benchmarks.decoding.selector_walk` measures it properly (`Vd` up to 152k, several batch sizes).
 
 
 # %%

@@ -85,7 +85,7 @@ pd.DataFrame(table)
 #   hidden states feed the drafter (spread over depth, as in EAGLE-3 / DFlash).
 # - **Blocks and anchors.** `drafter.block_size` 16 drafts 16 tokens per verification. `max_anchors` blocks are
 #   sampled per packed row: anchors x block size = draft rows per sequence, the main memory knob together with
-#   `seq_len` (`python -m benchmarks.bench_scaling` measures step time and memory against both; the loss is computed
+#   `seq_len` (`python -m benchmarks.training.step_scaling` measures step time and memory against both; the loss is computed
 #   in row chunks so the `(A·B) x Vd` logits never exist in several fp32 copies).
 # - **`loss.gamma`** of the `exp(-k/gamma)` position weights grows with the block size, so late slots still learn.
 # - **`drafter.attention_backend`**: `flex` compiles FlexAttention block masks on CUDA (it has no backward on CPU, so

@@ -82,7 +82,7 @@ class TargetForwards:
         )
         if self.own_head and self.packed_verify and isinstance(head, torch.nn.Linear):
             # all n+1 rows of a verify forward in less than one default row's time (SmolLM2, 2 threads: 9 packed
-            # rows 17.0 ms, one default row 20.8 ms; benchmarks/results/lm_head.md)
+            # rows 17.0 ms, one default row 20.8 ms; benchmarks/decoding/results/lm_head.md)
             self.head_kernels = PackedLinears(head, self.block_rows)
         return logits, self._features(out)
 

@@ -5,19 +5,19 @@
 
 Some README figures were only ever written as markdown by the code that measured them: the train/serve gap
 tables (``decode --check_identity true --gap_table FILE``, rendered by ``decoding/gap.py: gap_markdown``) and the
-extrapolated tables of ``benchmarks/bench_memory_guidance.py``. This script parses those committed files and
+extrapolated tables of ``benchmarks/memory/anchors_per_gpu.py``. This script parses those committed files and
 writes, next to each, the raw file ``tests/repo/test_doc_numbers.py`` checks the pages against:
 
 - ``experiments/demo_heads/gap.json``, ``experiments/smollm2_heads/400steps/gap.json`` from the ``gap.md`` beside them, in the shape of
   ``gap_decomposition``'s result (``mode``, ``stride``, ``prompts``, ``max_new_tokens``, ``tau``, ``blocks``,
   ``harmonic_c``) plus ``delta`` as printed (a delta was computed from unrounded taus, so it is not always the
   difference of the printed ones);
-- ``benchmarks/results/memory_guidance_anchors.csv`` (target, gpu_gib, mode, seq_len, max_anchors) and
+- ``benchmarks/memory/results/memory_guidance_anchors.csv`` (target, gpu_gib, mode, seq_len, max_anchors) and
   ``memory_guidance_compute.csv`` (target, seq_len, target_tflop, drafter_tflop, cache_share_percent) from
   ``memory_guidance.md``.
 
 Nothing is re-measured: every value is the one printed in the markdown, with the precision printed there. After a
-new gap table or ``python -m benchmarks.bench_memory_guidance``, run this script again (the test fails until then).
+new gap table or ``python -m benchmarks.memory.anchors_per_gpu``, run this script again (the test fails until then).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GAP_REPORTS = ("experiments/demo_heads", "experiments/smollm2_heads/400steps")
-MEMORY_GUIDANCE = "benchmarks/results/memory_guidance.md"
+MEMORY_GUIDANCE = "benchmarks/memory/results/memory_guidance.md"
 
 
 def table_rows(lines: list[str], header_start: str) -> list[list[str]]:

@@ -1,7 +1,8 @@
-"""Smoke tests of the benchmark scripts: their quick / tiny modes run and write result files with the right columns.
+"""Smoke tests of the standing benchmarks (``benchmarks/<group>/``): their quick / tiny modes run and write result files with the right columns.
 
 No timing is asserted (the machine is shared); the reference library (``speculators``) is not involved: the training
-step benchmark runs with ``reference_venv=None`` (our side only) and must say so in its results.
+step benchmark runs with ``reference_venv=None`` (our side only) and must say so in its results. The before/after
+comparisons that became experiments are smoke-tested in ``test_experiment_benchmarks.py``.
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ from helpers.paths import ROOT
 if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import (  # noqa: E402
-    bench_decode,
-    bench_gemma_step,
-    bench_lm_head,
-    bench_quickstart,
-    bench_scaling,
-    bench_threads,
-    bench_train_step,
-    bench_training_step,
-    bench_verify_kernels,
-    run_all,
-)
+from benchmarks import run_all  # noqa: E402
+from benchmarks.decoding import lm_head_kernels as bench_lm_head  # noqa: E402
+from benchmarks.decoding import speedup_vs_generate as bench_decode  # noqa: E402
+from benchmarks.decoding import thread_count as bench_threads  # noqa: E402
+from benchmarks.decoding import verify_kernels as bench_verify_kernels  # noqa: E402
+from benchmarks.training import quickstart_wall_time as bench_quickstart  # noqa: E402
+from benchmarks.training import step_scaling as bench_scaling  # noqa: E402
+from benchmarks.training import step_vs_speculators as bench_train_step  # noqa: E402
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -51,37 +48,6 @@ def test_train_step_quick_ours_only(tmp_path):
     assert int(record["ours_params"]) > 0
     markdown = (tmp_path / "train_step_quick.md").read_text()
     assert "disabled" in markdown and "| tiny |" in markdown
-
-
-def test_training_step_quick_writes_before_and_after(tmp_path):
-    """Demo target, a tiny synthetic cache, one round; "before" is this tree with a format 1 cache (no git export)."""
-    record = bench_training_step.run(quick=True, out_dir=tmp_path, before_rev=None, log=lambda *_: None)
-    saved = json.loads((tmp_path / "training_step_quick.json").read_text())
-    for side in ("before", "fallback", "after"):
-        assert saved[side]["tokens_per_second"] > 0 and saved[side]["peak_memory_mb"] > 0
-        assert set(saved[side]["profile"]["parts"]) >= {"teacher", "attention", "draft_head", "loss", "optimizer"}
-    assert (
-        "final_logsumexp" in saved["after"]["batch_fields"] and "final_logsumexp" not in saved["before"]["batch_fields"]
-    )
-    assert saved["first_loss_difference"] < 1e-4 and record["ratio"] > 0  # same weights, rows and anchors
-    header, rows = read_csv(tmp_path / "training_step_quick.csv")
-    assert header == bench_training_step.COLUMNS and [r["side"] for r in rows] == ["before", "fallback", "after"]
-    markdown = (tmp_path / "training_step_quick.md").read_text()
-    assert "synthetic cache" in markdown and "| teacher (LM head" in markdown
-
-
-def test_gemma_step_quick_writes_both_vocabularies(tmp_path):
-    """Tiny Gemma 3 shapes, one round, the full-vocabulary pass comparison skipped (no git export)."""
-    record = bench_gemma_step.run(quick=True, out_dir=tmp_path, before_rev=None, log=lambda *_: None)
-    saved = json.loads((tmp_path / "gemma_step_quick.json").read_text())
-    sizes = [saved[side]["draft_vocab_size"] for side in bench_gemma_step.SIDES]
-    assert sizes == [1024, 4096] == [record[side]["draft_vocab_size"] for side in bench_gemma_step.SIDES]
-    for side in bench_gemma_step.SIDES:
-        assert saved[side]["tokens_per_second"] > 0 and saved[side]["peak_memory_mb"] > 0
-        assert set(saved[side]["profile"]["parts"]) >= {"teacher", "draft_head", "markov", "loss", "optimizer"}
-    assert saved["full"]["trainable_params"] > saved["vd32k"]["trainable_params"]  # W2 and nothing else grows
-    markdown = (tmp_path / "gemma_step_quick.md").read_text()
-    assert "| Vd = 1,024 |" in markdown and "Not measured: no before revision" in markdown
 
 
 def test_scaling_quick_writes_table_and_plots(tmp_path):

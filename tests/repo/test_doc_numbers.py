@@ -182,7 +182,7 @@ def num(path: str, digits: int = 3, suffix: str = "") -> Callable[[dict], str]:
 
 
 DEMO_HEADS = {"none": "none (DFlash)"}
-MEMORY_ANCHORS = "benchmarks/results/memory_guidance_anchors.csv"  # parsed from memory_guidance.md
+MEMORY_ANCHORS = "benchmarks/memory/results/memory_guidance_anchors.csv"  # parsed from memory_guidance.md
 
 
 def demo_columns(d):
@@ -317,7 +317,7 @@ RESULTS_TABLES = {
     ),
     ("How many anchors fit", 0): ResultsTable(
         MEMORY_ANCHORS,
-        "benchmarks/results/memory_guidance.md",
+        "benchmarks/memory/results/memory_guidance.md",
         memory_guidance_records,
         lambda rows: {
             "target": lambda r: r["target"],
@@ -355,14 +355,14 @@ class Figures:
     unbacked: list[str] = field(default_factory=list)  # figures with no raw file; "no raw file" stands next to each
 
 
-TRAIN_STEP = "benchmarks/results/train_step.csv"
-LOSS_MEMORY = "benchmarks/results/loss_memory.csv"
-SELECTOR, SELECTOR_MD = "benchmarks/results/selector.csv", "benchmarks/results/selector.md"
-DECODE = "benchmarks/results/decode.json"
-SMOLLM2_DECODE = "benchmarks/results/smollm2/decode.json"
-VERIFY, VERIFY_MD = "benchmarks/results/verify_kernels.json", "benchmarks/results/verify_kernels.md"
-QUICKSTART = "benchmarks/results/quickstart.csv"
-SCALING = "benchmarks/results/scaling.csv"
+TRAIN_STEP = "benchmarks/training/results/train_step.csv"
+LOSS_MEMORY = "benchmarks/memory/results/loss_memory.csv"
+SELECTOR, SELECTOR_MD = "benchmarks/decoding/results/selector.csv", "benchmarks/decoding/results/selector.md"
+DECODE = "benchmarks/decoding/results/decode.json"
+SMOLLM2_DECODE = "benchmarks/decoding/results/smollm2/decode.json"
+VERIFY, VERIFY_MD = "benchmarks/decoding/results/verify_kernels.json", "benchmarks/decoding/results/verify_kernels.md"
+QUICKSTART = "benchmarks/training/results/quickstart.csv"
+SCALING = "benchmarks/training/results/scaling.csv"
 SMOLLM2_DRAFT_VOCAB = "assets/smollm2/draft_vocab.safetensors"
 
 
@@ -423,7 +423,7 @@ def scaling(sweep_name: str, end: int, column: str, spec: str | None = None) -> 
 # One entry per row of the Performance table, by its file column. Kept one claim a line (ruff format off).
 # fmt: off
 PERFORMANCE = {
-    "benchmarks/results/train_step.md": Figures(
+    "benchmarks/training/results/train_step.md": Figures(
         claims=[
             ("the `speculators` {} DSpark implementation",
              lambda: row(TRAIN_STEP, config="vanilla-B8")["reference"].split(",")[0].removeprefix("speculators ")),
@@ -439,7 +439,7 @@ PERFORMANCE = {
         context=["fp32"],
         unbacked=["0.61–0.76× over five runs"],
     ),
-    "benchmarks/results/loss_memory.md": Figures(
+    "benchmarks/memory/results/loss_memory.md": Figures(
         claims=[
             ("{} rows of bf16 logits", lambda: same([r["rows"] for r in load_csv(LOSS_MEMORY)], ".0f")),
             ("**{}×** one bf16 logits tensor (gradient included) at Vd = {}k and {}k, vs {}× unchunked",
@@ -451,7 +451,7 @@ PERFORMANCE = {
                            if (r["mode"], r["impl"]) == ("train", "reference")], ".0f")),
         ],
     ),
-    "benchmarks/results/selector.md": Figures(
+    "benchmarks/decoding/results/selector.md": Figures(
         claims=[
             ("{}", lambda: search(SELECTOR_MD, r"(B = \d+, k = \d+, r = \d+)")),
             ("Vd = 32k: **{}×** (vanilla) / **{}×** (gated) for one block; **{}×** / **{}×** at batch 32",
@@ -476,7 +476,7 @@ PERFORMANCE = {
                   "3.7k / 5.0k pages per call", "1.0–1.1× at batch 1 in a walk-only A/B of 601 paired calls",
                   "2.5× a single read of the logits"],
     ),
-    "benchmarks/results/decode.md": Figures(
+    "benchmarks/decoding/results/decode.md": Figures(
         claims=[
             ("drafter trained {} quickstart steps", lambda: search(DECODE, r"trained for (\d+) steps")),
             ("{} eval prompts × {} tokens", lambda: str(load_json(DECODE)["prompts"]),
@@ -498,7 +498,7 @@ PERFORMANCE = {
         ],
         context=["1M-parameter demo target"],
     ),
-    "benchmarks/results/smollm2/decode.md": Figures(
+    "benchmarks/decoding/results/smollm2/decode.md": Figures(
         claims=[
             ("{} held-out prompts × {} tokens; run at load average ≈ {} on the 2 cores",
              lambda: str(load_json(SMOLLM2_DECODE)["prompts"]), lambda: str(load_json(SMOLLM2_DECODE)["max_new_tokens"]),
@@ -534,7 +534,7 @@ PERFORMANCE = {
                   "1.8–1.9 before", "0.20–0.22;", "22.2 → 13.9 ms", "0.61× → 0.67×", "0.69× → 0.75×",
                   "108.6 + 5.1·n ms"],
     ),
-    "benchmarks/results/verify_kernels.md": Figures(
+    "benchmarks/decoding/results/verify_kernels.md": Figures(
         claims=[
             ("a cached {}-token prefix", lambda: search(VERIFY_MD, r"cached (\d+)-token prefix")),
             ("{} repeats", lambda: str(load_json(VERIFY)["repeats"])),
@@ -553,7 +553,7 @@ PERFORMANCE = {
         context=["SmolLM2-135M-Instruct", "gated head, 1,200 steps", "1M demo target", "2–9 rows", "AVX2"],
         unbacked=["(load ≈ 3–4) measured 0.85× and 0.84×", "(3.8 → 7.1 ms at n = 1"],
     ),
-    "benchmarks/results/quickstart.md": Figures(
+    "benchmarks/training/results/quickstart.md": Figures(
         claims=[
             ("({} steps, 2 validations", lambda: same([r["steps"] for r in load_csv(QUICKSTART)], ".0f")),
             ("**{} s** with one torch thread", lambda: fmt(row(QUICKSTART, torch_threads=1)["wall_s"], ".0f")),
@@ -565,7 +565,7 @@ PERFORMANCE = {
         ],
         unbacked=["50 s with"],
     ),
-    "benchmarks/results/scaling.md": Figures(
+    "benchmarks/training/results/scaling.md": Figures(
         claims=[
             ("S {} → {}: {} → {} ms (the target's own forward: {} → {} ms)",
              scaling("seq_len", 0, "seq_len"), scaling("seq_len", -1, "seq_len"),
@@ -580,7 +580,7 @@ PERFORMANCE = {
 # fmt: on
 
 GAP_DEMO, GAP_SMOLLM2 = "experiments/demo_heads/gap.json", "experiments/smollm2_heads/400steps/gap.json"
-DEMO_RESULTS, COMPUTE = "experiments/demo_heads/results.json", "benchmarks/results/memory_guidance_compute.csv"
+DEMO_RESULTS, COMPUTE = "experiments/demo_heads/results.json", "benchmarks/memory/results/memory_guidance_compute.csv"
 
 
 def gap(path: str, key: str, step: str | None = None, spec: str | None = ".3f") -> Callable[[], str]:
@@ -596,7 +596,7 @@ def vocab(key: str) -> Callable[[], str]:
 
 # Paragraphs (by their opening words) that quote a raw file.
 # fmt: off
-TRAINING_STEP = "benchmarks/results/training_step.json"
+TRAINING_STEP = "experiments/training_step_speedup/results/training_step.json"
 EVAL_SETS = "experiments/smollm2_eval_sets/results.json"
 
 
@@ -943,7 +943,7 @@ PROSE = {
             ("({}% of a Qwen3-8B step at S = {}, A = {})",
              lambda: row(COMPUTE, target="Qwen3-8B", seq_len=4096)["cache_share_percent"],
              lambda: row(COMPUTE, target="Qwen3-8B", seq_len=4096)["seq_len"],
-             lambda: search("benchmarks/results/memory_guidance.md", r"TFLOP\) at A = (\d+)")),
+             lambda: search("benchmarks/memory/results/memory_guidance.md", r"TFLOP\) at A = (\d+)")),
         ],
         context=["S ≈ 4k"],
     ),

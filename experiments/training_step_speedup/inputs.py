@@ -1,4 +1,4 @@
-"""Inputs of ``bench_training_step``: stand-in target and cache, the format 1 / format 2 cache copies, the exported
+"""Inputs of ``bench.py`` (and ``experiments/gemma3_training_step/bench.py``): stand-in target and cache, the format 1 / format 2 cache copies, the exported
 older revision, the recipe's optimizer, and the target's forward time (what online mode adds per step)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "configs/smollm2_sharegpt.yaml"
 
 

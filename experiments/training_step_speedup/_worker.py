@@ -1,6 +1,6 @@
-"""One side of ``bench_training_step``: a warm process that runs ``DSparkModule`` training steps from a feature cache.
+"""One side of ``bench.py``: a warm process that runs ``DSparkModule`` training steps from a feature cache.
 
-Runs as a script (``python benchmarks/_training_step_worker.py CONFIG.json``) so that ``dspark_lightning`` is
+Runs as a script (``python experiments/training_step_speedup/_worker.py CONFIG.json``) so that ``dspark_lightning`` is
 imported from the first ``PYTHONPATH`` entry: this tree, or an exported older revision for the "before" side. It uses
 only what every compared revision has: ``DSparkModule`` and its config groups, ``CachedFeatureDataset``,
 ``lightning.step.compound_loss`` / ``confidence_loss`` and the drafter's submodules.
@@ -11,7 +11,7 @@ BCE), the ``AcceptanceMetrics`` update it logs, ``zero_grad``, ``backward``, gra
 Step i reads cached row i mod (rows) with anchors from one generator seeded once, so every side trains on the same
 rows and anchors from the same initial weights (``torch.manual_seed`` before the module is built).
 
-Protocol (driven by ``bench_training_step``; only ``@@`` lines on stdout are protocol, logs go to stderr):
+Protocol (driven by ``bench.py``; only ``@@`` lines on stdout are protocol, logs go to stderr):
 ``@@ {"ready": ...}`` after the warm-up steps, then one answer per stdin line: ``run N`` (N timed steps),
 ``profile`` (one step under the profiler, split into parts), ``memory`` (one step's peak of live tensor bytes),
 ``quit``.
@@ -89,7 +89,7 @@ class Side:
     def float64_loss(self) -> float:
         """The first step's loss evaluated in float64 by a copy of the module, through the full-vocabulary teacher
         (the statistics of a format 2 cache dropped): the exact value every side's first step approximates. Called
-        by ``bench_training_step`` in its own process, before any step, so no worker's peak memory includes it."""
+        by ``bench.py`` in its own process, before any step, so no worker's peak memory includes it."""
         import copy
 
         import torch

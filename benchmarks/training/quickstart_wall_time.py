@@ -1,9 +1,9 @@
 """End-to-end wall time of the quickstart: ``dspark-lightning fit --config configs/quickstart.yaml``, as a user runs it.
 
-Run: ``python -m benchmarks.bench_quickstart`` (the whole 400-step quickstart, twice: 2-12 minutes depending on the
+Run: ``python -m benchmarks.training.quickstart_wall_time`` (the whole 400-step quickstart, twice: 2-12 minutes depending on the
 machine's load) or ``--quick`` (the same command cut to 4 steps, one validation batch and a small shuffle buffer, one
 thread, 15-40 s, to check that it runs; its time says nothing about the target).
-Writes ``quickstart.csv`` / ``.md`` (``--quick``: ``quickstart_quick.*``) under ``benchmarks/results``.
+Writes ``quickstart.csv`` / ``.md`` (``--quick``: ``quickstart_quick.*``) under ``benchmarks/training/results``.
 
 Design choices:
 - The command runs in a subprocess (``python -m dspark_lightning fit ...``, the same entry point as the
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = "configs/quickstart.yaml"
 TARGET_S = 300.0
@@ -131,7 +131,7 @@ def write_results(rows: list[dict], machine: dict, out_dir: Path, stem: str) -> 
         " and `configs/`), `WANDB_MODE=disabled`; the wall time includes start-up, imports, data streaming, training, "
         "validation, plots and the checkpoint. Run once with `OMP_NUM_THREADS=1` and once with torch's default thread "
         f"count (what `make quickstart` gets), one after the other; the target is ≤ {TARGET_S / 60:.0f} min. Generated "
-        "by `python -m benchmarks.bench_quickstart`.",
+        "by `python -m benchmarks.training.quickstart_wall_time`.",
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores visible, torch {machine['torch']} (a shared machine: "
         "other jobs ran meanwhile; the 1-minute load average at the start and end of each run is in the table).",
@@ -168,7 +168,7 @@ def write_results(rows: list[dict], machine: dict, out_dir: Path, stem: str) -> 
 
 def run(quick: bool = False, out_dir: Path = RESULTS, threads: list | None = None, log=print) -> list[dict]:
     """One quickstart per thread setting (default: 1, then torch's default; quick: 1 only); writes the results."""
-    from benchmarks.bench_selector import machine_description
+    from benchmarks.machine import machine_description
 
     machine = machine_description()
     settings = threads or ([1] if quick else [1, None])

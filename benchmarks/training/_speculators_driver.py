@@ -1,4 +1,4 @@
-"""Reference side of ``bench_train_step``: one DSpark training step of the public ``speculators`` library.
+"""Reference side of ``step_vs_speculators``: one DSpark training step of the public ``speculators`` library.
 
 Runs under the throw-away venv's python (never under the project's environment, which must not depend on
 ``speculators``); it imports only ``speculators``, ``torch`` and ``safetensors`` and uses their public training API:
@@ -12,7 +12,7 @@ Runs under the throw-away venv's python (never under the project's environment, 
 - a step is what their ``Trainer`` does per batch: ``_, loss, metrics = model(**batch, **train_kwargs)``,
   ``zero_grad``, ``loss.backward()``, ``clip_grad_norm_(1.0)``, ``optimizer.step()`` (no autocast: fp32 on CPU).
 
-Protocol (driven by ``bench_train_step``): argv[1] is a JSON config; the driver builds the model, runs the warm-up
+Protocol (driven by ``step_vs_speculators``): argv[1] is a JSON config; the driver builds the model, runs the warm-up
 steps, prints ``@@ {"ready": ...}`` and then answers each stdin line ``run N`` with ``@@ {"steps": [...]}`` (per-step
 forward / backward / optimizer seconds) until ``quit``. Only ``@@`` lines on stdout are protocol; logs go to stderr.
 """

@@ -9,9 +9,9 @@ on CUDA ``torch.cuda.max_memory_allocated``; on CPU the peak of live tensor byte
 ``/proc/self/clear_refs``; Linux only), which adds allocator slack. The ``train`` peak includes the gradient w.r.t.
 the logits (one bf16 tensor), which any implementation has to produce.
 
-    python -m benchmarks.bench_loss_memory [--rows 1024] [--vocab 32000 152064] [--device cpu|cuda] [--threads 1]
+    python -m benchmarks.memory.loss_peak [--rows 1024] [--vocab 32000 152064] [--device cpu|cuda] [--threads 1]
 
-Writes ``benchmarks/results/loss_memory.csv`` and ``.md``.
+Writes ``benchmarks/memory/results/loss_memory.csv`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"ce": 0.1, "tv": 0.9}
 BLOCK = 16
 
@@ -151,10 +152,10 @@ def main(argv=None) -> int:
         logits_bytes = args.rows * vd * 2
         for mode in ("train", "eval"):
             for impl in ("chunked", "reference"):
-                cmd = [sys.executable, "-m", "benchmarks.bench_loss_memory", "--device", args.device]
+                cmd = [sys.executable, "-m", "benchmarks.memory.loss_peak", "--device", args.device]
                 cmd += ["--threads", str(args.threads)]
                 cmd += ["--worker", impl, mode, str(args.rows), str(vd)]
-                res = subprocess.run(cmd, capture_output=True, text=True, cwd=RESULTS.parent.parent)
+                res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
                 if res.returncode != 0:
                     print(res.stderr, file=sys.stderr)
                     raise SystemExit(f"worker failed: {' '.join(cmd)}")

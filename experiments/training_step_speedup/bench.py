@@ -1,11 +1,11 @@
 """Training step from an offline feature cache on SmolLM2 shapes: before (an older revision) vs after (this tree).
 
-Run: ``python -m benchmarks.bench_training_step [--target DIR] [--cache DIR]`` (2-4 minutes on 2 shared cores) or
+Run: ``python -m experiments.training_step_speedup.bench [--target DIR] [--cache DIR]`` (2-4 minutes on 2 shared cores) or
 ``--quick`` (the demo target and a tiny synthetic cache, < 1 minute; the numbers mean nothing). Writes
-``training_step.{json,md,csv}`` (``--quick``: ``training_step_quick.*``) under ``benchmarks/results``.
+``training_step.{json,md,csv}`` (``--quick``: ``training_step_quick.*``) under ``experiments/training_step_speedup/results``.
 
 Design choices:
-- Three sides, each a warm worker process (``_training_step_worker.py``): ``before`` = the package exported from git
+- Three sides, each a warm worker process (``_worker.py``): ``before`` = the package exported from git
   revision ``--before-rev`` (default ``BEFORE_REV``, the commit this work started from; ``--before-rev none`` uses
   this tree with a format 1 cache instead), reading the cache as it is (format 1: no teacher statistics);
   ``fallback`` = this tree reading the same format 1 cache (the full-vocabulary teacher it keeps for old caches);
@@ -23,7 +23,7 @@ Design choices:
   steps, tokens/s = packed tokens per step (b·S) / median step time, the ratio after / before of tokens/s and the
   median of the per-round ratios, the first (warm-up) step's loss of each side (same weights, rows and anchors, so it
   must agree), and the peak memory of one step = the peak of live tensor bytes during it (profiler memory timeline,
-  as ``bench_scaling``; not tracemalloc, which does not see tensor storage), next to each worker's peak RSS (VmHWM).
+  as ``benchmarks.training.step_scaling``; not tracemalloc, which does not see tensor storage), next to each worker's peak RSS (VmHWM).
 - Exactness: the first (warm-up) step has the same weights, row and anchors on every side; after the rounds the
   benchmark evaluates it in float64 (this tree, full-vocabulary teacher, in its own process so that no worker's peak
   memory includes it), and every side's float32 loss is compared with that.
@@ -47,9 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._training_step_worker import Side
-from benchmarks.bench_train_step import Worker as LineWorker
-from benchmarks.training_step_inputs import (
+from benchmarks.training.step_vs_speculators import Worker as LineWorker
+from experiments.training_step_speedup._worker import Side
+from experiments.training_step_speedup.inputs import (
     cache_copies,
     export_revision,
     random_target,
@@ -58,9 +58,9 @@ from benchmarks.training_step_inputs import (
     target_forward_ms,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
-WORKER = Path(__file__).resolve().parent / "_training_step_worker.py"
+WORKER = Path(__file__).resolve().parent / "_worker.py"
 BEFORE_REV = "45d632d"  # the last commit before the training-step work (teacher statistics, grouped attention)
 SIDES = ("before", "fallback", "after")
 SMOLLM2 = dict(hidden=576, vocab=49152, layers=30, heads=9, kv_heads=3, intermediate=1536, layer_ids=[1, 14, 27])
@@ -76,7 +76,7 @@ COLUMNS = ["side", "revision", "tokens_per_second", "step_ms", "step_min_ms", "f
 
 # ------------------------------------------------------------------------------------------------ workers
 class Worker(LineWorker):
-    """A warm worker process of ``_training_step_worker.py`` (the ``@@ json`` line protocol of ``bench_train_step``),
+    """A warm worker process of ``_worker.py`` (the ``@@ json`` line protocol of ``benchmarks.training.step_vs_speculators``),
     importing the package from ``pythonpath`` (a side's tree)."""
 
     def __init__(self, name: str, config: dict, pythonpath: list[Path], workdir: Path, threads: int) -> None:
@@ -180,8 +180,8 @@ def run(
 ) -> dict:
     """Run the benchmark and write its results; returns the JSON record. Without an exported ``before_rev`` the
     before side is this tree with the format 1 cache, which is also the fallback side (one worker for both)."""
-    from benchmarks.bench_selector import machine_description
-    from benchmarks.training_step_report import write_results
+    from benchmarks.machine import machine_description
+    from experiments.training_step_speedup.report import write_results
 
     setup = dict(QUICK if quick else FULL)
     rounds, steps, profile_steps = rounds or (1 if quick else 6), steps or (1 if quick else 3), 1 if quick else 3

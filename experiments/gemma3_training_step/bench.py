@@ -1,8 +1,8 @@
 """One training step from cached features at Gemma 3 270M's shapes: a 32,768-token draft vocabulary vs all 262,144.
 
-Run: ``python -m benchmarks.bench_gemma_step [--rounds N] [--steps N] [--threads 1]`` (about 2-3 minutes on 2 shared cores)
+Run: ``python -m experiments.gemma3_training_step.bench [--rounds N] [--steps N] [--threads 1]`` (about 2-3 minutes on 2 shared cores)
 or ``--quick`` (tiny shapes, < 1 minute; the numbers mean nothing). Writes ``gemma_step.{json,md}`` (``--quick``:
-``gemma_step_quick.*``) under ``benchmarks/results``.
+``gemma_step_quick.*``) under ``experiments/gemma3_training_step/results``.
 
 Design choices:
 - Target: random weights from a ``Gemma3TextConfig`` of the 270M shapes (hidden 640, 18 layers, 4 heads, 1 KV head,
@@ -10,16 +10,16 @@ Design choices:
   sqrt(hidden)-scaled embedding, no download); ``targets/gemma3-270m/config.json`` replaces the built-in shapes when
   it exists. Only what cache mode loads is written: the config and the embedding (= the LM head), in fp32 like the
   other step benchmarks.
-- Cache: ``bench_training_step``'s synthetic cache (random bf16 features of target layers [1, 8, 15], the DFlash
+- Cache: ``experiments.training_step_speedup``'s synthetic cache (random bf16 features of target layers [1, 8, 15], the DFlash
   spread of three layers over 18, and the final hidden state; S = 1024, rows of 4 documents) made format 2 by
   ``cache_copies``: the logsumexp and argmax per position that ``dspark-lightning cache`` stores.
-- Step: the one of ``_training_step_worker.py`` (``shared_step``, metrics, zero_grad, backward, grad-norm clip 1.0,
+- Step: the one of ``experiments/training_step_speedup/_worker.py`` (``shared_step``, metrics, zero_grad, backward, grad-norm clip 1.0,
   AdamW as ``configs/smollm2_sharegpt.yaml`` configures it), one packed row, A = 32 anchors, B = 8, one draft layer
   shaped by the target (4 heads, 1 KV head, head_dim 256, MLP 2048), vanilla Markov head r = 64, confidence head,
   loss ``{"kl": 1.0}``, fp32, mask id 4.
 - Two sides, each a warm worker process: ``vd32k`` (a random sorted draft vocabulary of 32,768 ids) and ``full``
   (Vd = V). Alternated rounds after two warm-up steps; medians; tokens/s = S / median step. Peak memory as
-  ``bench_training_step`` measures it: the peak of live tensor bytes during one step (profiler memory timeline; not
+  ``experiments.training_step_speedup.bench`` measures it: the peak of live tensor bytes during one step (profiler memory timeline; not
   tracemalloc, which does not see tensor storage), and the worker's peak RSS (VmHWM). One profiled step per side is
   split into parts as there.
 - The full-vocabulary pass, which cache mode skips but online mode's teacher (at a step's 256 positions) and the
@@ -38,11 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_training_step import Worker, _head, _ms, summarise
-from benchmarks.training_step_inputs import cache_copies, export_revision, recipe_optimizer, synthetic_cache
-from benchmarks.training_step_report import PART_NAMES
+from experiments.training_step_speedup.bench import Worker, _head, _ms, summarise
+from experiments.training_step_speedup.inputs import cache_copies, export_revision, recipe_optimizer, synthetic_cache
+from experiments.training_step_speedup.report import PART_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 BEFORE_REV = "7889032"  # the last commit before the Gemma work (row-chunked full-vocabulary pass)
 GEMMA_DIR = ROOT / "targets/gemma3-270m"
@@ -115,7 +115,7 @@ def measure_steps(workers: dict[str, Worker], rounds: int, steps: int, log) -> d
 
 
 def side_record(steps: list[dict], ready: dict, memory: dict, profile: dict, tokens: int, vocab: int) -> dict:
-    """bench_training_step's summary of one side, keyed by its draft vocabulary instead of a revision."""
+    """experiments.training_step_speedup.bench's summary of one side, keyed by its draft vocabulary instead of a revision."""
     record = summarise(steps, ready, memory, profile, tokens, label="")
     del record["revision"]
     return {"draft_vocab_size": vocab, **record}
@@ -179,7 +179,7 @@ def run(
     import torch
     from safetensors.torch import load_file
 
-    from benchmarks.bench_selector import machine_description
+    from benchmarks.machine import machine_description
 
     setup = dict(QUICK if quick else FULL)
     setup["rounds"], setup["steps"] = rounds or setup["rounds"], steps or setup["steps"]
@@ -246,7 +246,7 @@ def write_results(record: dict, out_dir: Path, stem: str) -> None:
         f"B = 8, A = {setup['anchors']}, vanilla Markov head r = {setup['rank']}, confidence head, loss "
         '`{"kl": 1.0}`, fp32, AdamW as the SmolLM2 recipe configures it, grad-norm clip 1.0; random weights from a '
         f"Gemma 3 config. {setup['rounds']} alternated rounds x {setup['steps']} steps per side after 2 warm-up steps; "
-        "medians. Generated by `python -m benchmarks.bench_gemma_step` (method in its docstring)."
+        "medians. Generated by `python -m experiments.gemma3_training_step.bench` (method in its docstring)."
         + ("" if not setup["notes"] else " " + "; ".join(setup["notes"]) + "."),
         f"Code: {setup['code']}. Machine: {machine['cpu']}, {machine['cores']} cores, torch {setup['torch']}, "
         f"{setup['threads']} torch thread per side; load average {machine['load_average']} at start, "

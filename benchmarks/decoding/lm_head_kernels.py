@@ -1,15 +1,15 @@
 """The target's LM head at verify row counts, default vs packed kernels, and `generate` itself on packed kernels.
 
-Run: ``python -m benchmarks.bench_lm_head [--target DIR] [--repeats N] [--threads T]`` (~2 minutes on the
+Run: ``python -m benchmarks.decoding.lm_head_kernels [--target DIR] [--repeats N] [--threads T]`` (~2 minutes on the
 SmolLM2-135M target, alone on the machine) or ``--quick`` (seconds, the demo target). Writes ``lm_head.{md,json}``
-under ``benchmarks/results`` (``--quick``: ``lm_head_quick.*``).
+under ``benchmarks/decoding/results`` (``--quick``: ``lm_head_quick.*``).
 
 Design choices:
 - The head (vocabulary x hidden, 49,152 x 576 on SmolLM2) over n = 1, 2, 3, 5, 9 rows: what a verify forward
   applies to the rows it reads. The default kernel is timed per call; the packed one is
   ``decoding.kernels.PackedLinears`` with the verify forward's batch hint (B + 1 = 9), as ``TargetForwards`` uses it.
 - `generate` ms/token on the default kernels and with every linear of the target packed (head included), greedy,
-  1 + G new tokens minus 1 (``bench_threads.generate_ms_per_token``): the second is the kernel-matched baseline
+  1 + G new tokens minus 1 (``thread_count.generate_ms_per_token``): the second is the kernel-matched baseline
   ``measure_speedup(packed_verify=True)`` also times, so speculation's gain is not confused with the kernels'.
 - Default and packed alternate inside every repeat (the first repeat warms up); medians are reported.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_threads import PROMPT_TOKENS, generate_ms_per_token, load_target
-from benchmarks.bench_verify_kernels import RESULTS
+from benchmarks.decoding.thread_count import PROMPT_TOKENS, generate_ms_per_token, load_target
+from benchmarks.decoding.verify_kernels import RESULTS
 from dspark_lightning.decoding.kernels import PackedLinears
 
 ROWS = (1, 2, 3, 5, 9)
@@ -73,7 +73,7 @@ def measure(model, repeats: int, new_tokens: int) -> dict:
 def write_results(out_dir: Path, stem: str, report: dict) -> None:
     (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     m, r = report["machine"], report["results"]
-    command = f"python -m benchmarks.bench_lm_head{' --quick' if report['quick'] else ''} --repeats {report['repeats']}"
+    command = f"python -m benchmarks.decoding.lm_head_kernels{' --quick' if report['quick'] else ''} --repeats {report['repeats']}"
     lines = [
         "# The LM head at verify row counts, and `generate` on packed kernels",
         "",
@@ -94,7 +94,7 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
 
 
 def run(quick=False, out_dir=RESULTS, target=None, repeats=None, threads=None, log=print) -> dict:
-    from benchmarks.bench_selector import machine_description
+    from benchmarks.machine import machine_description
 
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_description()
