@@ -11,7 +11,7 @@ from mkdocs.structure.files import File
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = ("tutorials", "notebooks")
 RESULT_DIRS = ("experiments", "benchmarks")
-RESULT_SUFFIXES = {".md", ".png", ".json", ".csv", ".sh", ".txt"}  # pages, plots, raw files, run scripts
+RESULT_SUFFIXES = {".md", ".png", ".json", ".csv", ".sh", ".txt", ".py"}  # pages, plots, raw data, scripts
 
 
 def repository_file(path: Path, config) -> File:

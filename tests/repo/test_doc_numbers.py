@@ -948,6 +948,92 @@ PROSE = {
         context=["S ≈ 4k"],
     ),
 }
+
+
+def head_tau(path: str, head: str, block_size: int | None = None) -> Callable[[], str]:
+    """A head's measured tau in a report's ``rows`` (of one block size when the report has several)."""
+
+    def value():
+        rows = [r for r in load_json(path)["rows"] if r["head"] == head]
+        rows = [r for r in rows if block_size is None or r["block_size"] == block_size]
+        (r,) = rows
+        return fmt(r["measured_tau"], ".3f")
+
+    return value
+
+
+def loss_tau(path: str, label: str) -> Callable[[], str]:
+    """A loss's measured tau, mean ± std over seeds, in a loss study."""
+
+    def value():
+        (g,) = [g for g in load_json(path)["groups"] if g["label"] == label]
+        return f"{g['measured_tau']:.3f} ± {g['measured_tau_std']:.3f}"
+
+    return value
+
+
+def gemma_step(variant: str) -> Callable[[], str]:
+    return lambda: fmt(load_json("experiments/gemma3_training_step/results/gemma_step.json")[variant]["tokens_per_second"], ".0f")
+
+
+RESULTS_DEMO, HEADS_400 = "experiments/demo_heads/results.json", "experiments/smollm2_heads/400steps/results.json"
+LOSS_DEMO, LOSS_SMOLLM2 = "experiments/loss_study/demo/results.json", "experiments/loss_study/smollm2/results.json"
+HEADS_1200, HEADS_3000 = "experiments/smollm2_heads/1200steps/results.json", "experiments/smollm2_heads/3000steps/results.json"
+# experiments/README.md: each row's headline (keyed by its folder) against the experiment's raw file
+LEDGER = {
+    "demo_heads/": Figures(
+        claims=[("measured tau {} without a head, {} with the vanilla head", head_tau(RESULTS_DEMO, "none", 8),
+                 head_tau(RESULTS_DEMO, "vanilla", 8))],
+        context=["B = 8"],
+    ),
+    "loss_study/demo/": Figures(
+        claims=[("measured tau kl {} against {} for the default", loss_tau(LOSS_DEMO, "kl"), loss_tau(LOSS_DEMO, "ce+tv"))],
+    ),
+    "loss_study/smollm2/": Figures(claims=[("tv alone lowest at {}", loss_tau(LOSS_SMOLLM2, "tv"))]),
+    "smollm2_heads/400steps/": Figures(
+        claims=[("measured tau {} without a head, {} gated", head_tau(HEADS_400, "none"), head_tau(HEADS_400, "gated"))],
+    ),
+    "smollm2_heads/1200steps/": Figures(
+        claims=[("measured tau {} without a head, {} vanilla and gated", head_tau(HEADS_1200, "none"),
+                 lambda: same([head_tau(HEADS_1200, h)() for h in ("vanilla", "gated")], ".3f"))],
+    ),
+    "smollm2_heads/gated_longer/": Figures(),
+    "smollm2_heads/3000steps/": Figures(
+        claims=[("measured tau gated {}, none {}", head_tau(HEADS_3000, "gated"), head_tau(HEADS_3000, "none"))],
+    ),
+    "smollm2_eval_sets/": Figures(
+        claims=[("tau {} [{}, {}] on sharegpt_heldout", eval_set("sharegpt_heldout", False, "measured_tau"),
+                 eval_set("sharegpt_heldout", False, "measured_tau_ci", 0),
+                 eval_set("sharegpt_heldout", False, "measured_tau_ci", 1))],
+    ),
+    "smollm2_cpu_hour_study/": Figures(
+        claims=[
+            ("tau {} per 10× training tokens", study_fit("sharegpt_heldout", "slope_per_decade")),
+            ("{}x [{}, {}] of `generate`", pays(P2400, "sharegpt_heldout", True, "speedup", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 1, path=PACKED_HEAD)),
+            ("{}x [{}, {}] on the same kernels",
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 1, path=PACKED_HEAD)),
+        ],
+    ),
+    "gemma3_heads/": Figures(
+        claims=[("measured tau {} without a head, {} vanilla", gemma("none", "measured_tau"),
+                 gemma("vanilla", "measured_tau"))],
+        context=["262k"],
+    ),
+    "training_step_speedup/": Figures(
+        claims=[("{} against {} tokens/s: {}×",
+                 lambda: fmt(load_json(TRAINING_STEP)["after"]["tokens_per_second"], ".0f"),
+                 lambda: fmt(load_json(TRAINING_STEP)["before"]["tokens_per_second"], ".0f"),
+                 lambda: fmt(load_json(TRAINING_STEP)["ratio"], ".2f"))],
+    ),
+    "gemma3_training_step/": Figures(
+        claims=[("{} against {} tokens/s", gemma_step("vd32k"), gemma_step("full"))],
+        context=["32k"],
+    ),
+}
 # fmt: on
 
 
@@ -966,7 +1052,7 @@ def the_table(key) -> Table:
 
 
 def test_every_readme_table_has_a_raw_file_or_is_prose_only():
-    keys = [*RESULTS_TABLES, *PROSE_ONLY, ("Performance", 0)]
+    keys = [*RESULTS_TABLES, *PROSE_ONLY, ("Performance", 0), ("Ledger", 0)]
     unmapped = [(t.section, t.index, t.header) for t in readme_tables() if table_key(t, keys) is None]
     assert not unmapped, f"tables with no raw file mapped in this test (add them to RESULTS_TABLES): {unmapped}"
     for key in keys:
@@ -990,6 +1076,23 @@ def test_results_table_matches_its_file(key):
             if bare(cell) != expected:
                 wrong.append(f"{k} {header!r}: page {cell!r}, {spec.source} gives {expected!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def experiment_folders() -> list[str]:
+    """Every experiment under ``experiments/``: a folder with a README or a report (``tools/`` is not one)."""
+    found = {p.parent for name in ("README.md", "report.md") for p in (ROOT / "experiments").rglob(name)}
+    return sorted(f"{p.relative_to(ROOT / 'experiments').as_posix()}/" for p in found if p != ROOT / "experiments")
+
+
+def test_the_ledger_lists_every_experiment_and_its_headlines_match_their_files():
+    table = the_table(("Ledger", 0))
+    assert table.header == ["experiment", "question", "status", "headline", "command"]
+    names = [re.search(r"`([^`]+)`", cells[0])[1] for cells in table.rows]
+    assert names == sorted(LEDGER, key=names.index) and sorted(names) == sorted(LEDGER) == experiment_folders()
+    for name, (_, question, status, headline, _) in zip(names, table.rows, strict=True):
+        assert status.startswith(("current", "superseded by")), f"{name}: status {status!r}"
+        text = re.sub(r"SmolLM2|Gemma 3|\b1200steps|\b400steps", " ", f"{question}\n{status}\n{headline}")  # names
+        check_figures(text, LEDGER[name], f"experiments/README.md {name}")
 
 
 def check_figures(text: str, figures: Figures, where: str):

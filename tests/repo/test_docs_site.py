@@ -30,7 +30,7 @@ def test_the_site_builds_strict(tmp_path):
 def test_a_broken_internal_link_fails_the_build(tmp_path):
     """The strict build is not vacuous: a copy of the docs with one link to a missing page does not build."""
     copy = tmp_path / "repo"
-    for name in ("docs", "tutorials", "notebooks", "dspark_lightning"):
+    for name in ("docs", "tutorials", "notebooks", "dspark_lightning", "experiments", "benchmarks"):
         shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "mkdocs_hooks.py", copy / "scripts")
