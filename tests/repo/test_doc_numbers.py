@@ -333,6 +333,7 @@ PROSE_ONLY = {
     ("Scaling up", 0): "which option to use for which need: names of configs and commands, no figures",
     ("Commands", 0): "README's command table: names, modules and guides",
     ("Guides", 0): "the docs site's index of guides",
+    ("Tests", 0): "what each test folder holds",
     ("The two methods, and what runs where", 0): "which vLLM runner serves which method where",
     ("Support matrix", 0): "which head each engine serves (engine versions are names, not results)",
     ("Field mapping", 0): "which of our config fields each vLLM reader takes",
