@@ -15,6 +15,7 @@ import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
 from dspark_lightning.decoding.target_cache import TargetCache
+from dspark_lightning.models.architectures import check_target_supported
 from dspark_lightning.models.drafter import DSparkDrafter
 
 
@@ -38,6 +39,7 @@ class TargetForwards:
 
     def __init__(self, target, drafter: DSparkDrafter, packed_verify: bool = False) -> None:
         self.model = model = causal_lm(target)
+        check_target_supported(type(model), model.config)  # a one-line refusal before any forward
         layer_ids = getattr(target, "target_layer_ids", None) or drafter.config.target_layer_ids
         if layer_ids is None:
             raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")
