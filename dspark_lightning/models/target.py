@@ -53,11 +53,21 @@ class TargetFeatures:
 
 
 def load_causal_lm(name_or_path: str, dtype: torch.dtype | str = "auto", trust_remote_code: bool = False, **kwargs):
-    """``AutoModelForCausalLM.from_pretrained`` with safe defaults (sdpa attention, no remote code)."""
+    """``AutoModelForCausalLM.from_pretrained`` with safe defaults (sdpa attention where the model has it, else its
+    own default: Gemma 2's soft-capped attention is eager only; no remote code)."""
     from transformers import AutoModelForCausalLM
 
+    chosen = "attn_implementation" in kwargs
     kwargs.setdefault("attn_implementation", "sdpa")
     with loading("target", name_or_path):  # a one-line error naming it: unreachable, or no model in the folder
+        try:
+            return AutoModelForCausalLM.from_pretrained(
+                name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+            )
+        except ValueError as error:
+            if chosen or "scaled_dot_product_attention" not in str(error):
+                raise
+        kwargs.pop("attn_implementation")
         return AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
         )
