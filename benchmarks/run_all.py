@@ -48,6 +48,7 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "verify_kernels": ([], ["--quick"], "verify_kernels", "verify_kernels_quick"),
     "threads": ([], ["--quick"], "threads", "threads_quick"),
     "lm_head": (["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
+    "rollback": ([], ["--quick"], "rollback", "rollback_quick"),
     "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
 }
 # fmt: on
@@ -62,6 +63,7 @@ OUT_DIR_OPTION = {
     "verify_kernels",
     "threads",
     "lm_head",
+    "rollback",
 }
 
 

@@ -11,7 +11,7 @@ import torch
 
 VOCAB = 64
 MASK_ID = VOCAB - 1
-STATUS = "fit + decoding equal to `generate` (parallel, markov, selector)"
+STATUS = "passes: packed features = each document alone, 3 training steps, greedy = `generate` in every mode"
 _SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=256)  # fmt: skip
 _ROPE_HALF = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}
@@ -86,8 +86,8 @@ FAMILIES = [
            _model("Gemma2Config", "Gemma2ForCausalLM", **_SMALL, **_SLIDING_GEMMA, query_pre_attn_scalar=8,
                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
     Family("gemma3_text", "sliding window 8 + full layers, two rotary bases, scaled embeddings, tied head", _gemma3),
-    Family("qwen3_next", "hybrid: Gated DeltaNet linear attention + gated full attention, MoE", _qwen3_next),
-    Family("qwen3_5_text", "hybrid (Qwen3.5): Gated DeltaNet linear attention + full attention, dense MLPs",
+    Family("qwen3_next", "hybrid: Gated DeltaNet linear attention + gated full attention, MoE; recurrent-state rollback, packed documents run one at a time", _qwen3_next),
+    Family("qwen3_5_text", "hybrid (Qwen3.5): Gated DeltaNet linear attention + full attention, dense MLPs; as qwen3_next",
            _model("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", **_HYBRID,
                   layer_types=["linear_attention", "full_attention"] * 2)),
 ]
