@@ -39,7 +39,8 @@ class TargetForwards:
 
     def __init__(self, target, drafter: DSparkDrafter, packed_verify: bool = False) -> None:
         self.model = model = causal_lm(target)
-        check_target_supported(type(model), model.config)  # a one-line refusal before any forward
+        # a one-line refusal before any forward (of the model itself when torch.compile wrapped it)
+        check_target_supported(type(getattr(model, "_orig_mod", model)), model.config)
         layer_ids = getattr(target, "target_layer_ids", None) or drafter.config.target_layer_ids
         if layer_ids is None:
             raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")
