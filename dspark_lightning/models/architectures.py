@@ -16,7 +16,7 @@ import sys
 from dspark_lightning.errors import UnsupportedError
 
 # recurrent model types whose decoding equals ``generate`` in every mode (tests/integration/test_architecture_matrix.py)
-ROLLBACK_TESTED = ("qwen3_next", "qwen3_5_text")
+ROLLBACK_TESTED = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 _ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "DummyLayer")
 _RECURRENT_LAYERS = ("LinearAttentionLayer", "LinearAttentionAndFullAttentionLayer",
                      "LinearAttentionAndSlidingWindowAttentionLayer")  # fmt: skip
@@ -27,6 +27,12 @@ def _cache_layer_names(config) -> list[str]:
     from transformers import DynamicCache
 
     return [type(layer).__name__ for layer in DynamicCache(config=config).layers]
+
+
+def _text_model_type(config) -> str:
+    """The decoder's model type: a Qwen3.5 checkpoint (``qwen3_5``, with a vision tower) decodes as ``qwen3_5_text``."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return text.model_type
 
 
 def unsupported_reason(model_class: type, config) -> str | None:
@@ -51,7 +57,7 @@ def unsupported_reason(model_class: type, config) -> str | None:
             f"its cache has {', '.join(unknown)} layers, which the decoding loop cannot roll back after a rejected "
             "draft (it knows full, sliding-window and tested linear-attention layers)"
         )
-    if any(name in _RECURRENT_LAYERS for name in names) and config.model_type not in ROLLBACK_TESTED:
+    if any(name in _RECURRENT_LAYERS for name in names) and _text_model_type(config) not in ROLLBACK_TESTED:
         source = inspect.getsource(sys.modules[model_class.__module__])
         how = (
             "the rollback of its recurrent layers is untested here"

@@ -90,6 +90,10 @@ FAMILIES = [
     Family("qwen3_5_text", "hybrid (Qwen3.5): Gated DeltaNet linear attention + full attention, dense MLPs; as qwen3_next",
            _model("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", **_HYBRID,
                   layer_types=["linear_attention", "full_attention"] * 2)),
+    Family("qwen3_5_moe_text", "hybrid (Qwen3.5 MoE): Gated DeltaNet linear attention + full attention, MoE; as qwen3_next",
+           _model("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", **_HYBRID, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                  layer_types=["linear_attention", "full_attention"] * 2)),
 ]
 # fmt: on
 

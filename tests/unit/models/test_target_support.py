@@ -61,6 +61,7 @@ def test_a_cache_layer_type_the_loop_does_not_know_is_refused(monkeypatch):
         ("recurrent_gemma", "its recurrent layers keep no per-token states"),
         ("deepseek_v32", "its cache has DynamicIndexedLayer layers"),
         ("qwen3_next", None),
+        ("qwen3_5_moe", None),  # a Qwen3.5 MoE checkpoint with its vision config: its decoder is the tested one
         ("gemma2", None),
     ],
 )
