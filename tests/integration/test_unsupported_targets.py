@@ -47,3 +47,24 @@ def test_cache_refuses_a_mamba_target_in_one_line(mamba_folder, tmp_path, monkey
     args = ["cache", "--target", str(mamba_folder), "--data", data, "--output", str(tmp_path / "cache")]
     _one_line_refusal([*args, "--device", "cpu", "--limit", "2"], monkeypatch, capsys)
     assert not (tmp_path / "cache").exists()
+
+
+def test_fsdp_refuses_a_target_that_runs_packed_documents_one_at_a_time(tmp_path):
+    """Ranks would run different numbers of sharded target forwards (a hang): refused when the model is configured."""
+    from types import SimpleNamespace
+
+    from helpers.targets import make_tiny_qwen3_next
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    from dspark_lightning.errors import UnsupportedError
+    from dspark_lightning.lightning.config import TargetArgs
+    from dspark_lightning.lightning.module import DSparkModule
+    from dspark_lightning.models import DrafterConfig
+
+    make_tiny_qwen3_next().save_pretrained(tmp_path)
+    module = DSparkModule(target=TargetArgs(path=str(tmp_path)), drafter=DrafterConfig(block_size=4, mask_token_id=63))
+    module._trainer = SimpleNamespace(strategy=DDPStrategy())
+    module.configure_model()  # DDP: every rank keeps the whole target, nothing to gather
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(UnsupportedError, match=r"^--trainer.strategy fsdp cannot shard target model type 'qwen3_next'"):
+        module.configure_model()
