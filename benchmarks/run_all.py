@@ -53,12 +53,13 @@ KNOWN: dict[str, tuple[str, list[str], list[str], str | None, str | None]] = {
     "verify_kernels": ("decoding.verify_kernels", [], ["--quick"], "verify_kernels", "verify_kernels_quick"),
     "threads": ("decoding.thread_count", [], ["--quick"], "threads", "threads_quick"),
     "lm_head": ("decoding.lm_head_kernels", ["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
+    "rollback": ("decoding.rollback_cost", [], ["--quick"], "rollback", "rollback_quick"),
     "selector": ("decoding.selector_walk", ["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
     "quickstart": ("training.quickstart_wall_time", [], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, the most load-bound
 }
 # fmt: on
 # the others get RESULTS patched instead
-OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode", "verify_kernels", "threads", "lm_head"}
+OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode", "verify_kernels", "threads", "lm_head", "rollback"}
 
 
 def discover() -> dict[str, tuple[str, list[str], list[str], str | None, str | None]]:

@@ -99,7 +99,8 @@ def greedy_continuation(target, prompt: list[int], length: int) -> list[int]:
 
     model = getattr(target, "model", target)
     device = next(model.parameters()).device
-    cache, tokens = DynamicCache(), list(prompt)
+    # generate's layout: a linear-attention layer (Qwen3-Next) needs its own cache layer, which a bare DynamicCache lacks
+    cache, tokens = DynamicCache(config=model.config), list(prompt)
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     step = torch.tensor([prompt], device=device)
     for _ in range(length):

@@ -15,6 +15,7 @@ import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
 from dspark_lightning.decoding.target_cache import TargetCache
+from dspark_lightning.models.architectures import check_target_supported
 from dspark_lightning.models.drafter import DSparkDrafter
 
 
@@ -38,6 +39,8 @@ class TargetForwards:
 
     def __init__(self, target, drafter: DSparkDrafter, packed_verify: bool = False) -> None:
         self.model = model = causal_lm(target)
+        # a one-line refusal before any forward (of the model itself when torch.compile wrapped it)
+        check_target_supported(type(getattr(model, "_orig_mod", model)), model.config)
         layer_ids = getattr(target, "target_layer_ids", None) or drafter.config.target_layer_ids
         if layer_ids is None:
             raise ValueError("the drafter's config has no target_layer_ids and the target does not provide them")

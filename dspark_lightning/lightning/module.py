@@ -48,7 +48,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from dspark_lightning.data.cache import TEACHER_STAT_FIELDS, load_cache_indexes
 from dspark_lightning.decoding.modes import supported_modes
 from dspark_lightning.dtypes import DTYPES, torch_dtype
-from dspark_lightning.errors import OptionError
+from dspark_lightning.errors import OptionError, UnsupportedError
 from dspark_lightning.lightning.config import GROUPS, LossArgs, TargetArgs, TrainingArgs, as_group, as_hparams
 from dspark_lightning.lightning.frozen_state import TrainableStateCheckpoints
 from dspark_lightning.lightning.guards import NonFiniteGuard
@@ -176,9 +176,21 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
             warnings.filterwarnings("ignore", message=rf"Found {len(in_eval)} module\(s\) in eval mode at the start")
 
     def configure_model(self) -> None:
-        """FSDP: each target decoder layer and each draft layer becomes its own unit (no-op for other strategies)."""
+        """FSDP: each target decoder layer and each draft layer becomes its own unit (no-op for other strategies).
+
+        A target that runs packed documents one at a time (recurrent layers, ``FrozenTarget.features``) makes as many
+        forwards as a batch has document lengths, a different number on each rank, and a sharded target gathers its
+        weights in every forward: refused here, before the first step, rather than left to hang."""
+        from lightning.pytorch.strategies import FSDPStrategy
         from torch.distributed.fsdp.wrap import wrap
 
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, FSDPStrategy) and getattr(self.target, "per_document", False):
+            raise UnsupportedError(
+                f"--trainer.strategy fsdp cannot shard target model type {self.target.config.model_type!r}: its "
+                "recurrent layers make it run each packed document alone, a different number of forwards per rank; "
+                "train with ddp, or from a feature cache (dspark-lightning cache, then model.target.features=cache)"
+            )
         model = getattr(self.target, "model", None)  # None for TargetHeads (cache mode): nothing to shard there
         decoder = getattr(model, model.base_model_prefix, None) if model is not None else None
         for layers in (getattr(decoder, "layers", None), self.drafter.backbone.layers):

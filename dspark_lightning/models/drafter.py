@@ -136,7 +136,11 @@ class DSparkDrafter(nn.Module):
             num_heads=config.num_heads or tc.num_attention_heads,
             num_kv_heads=config.num_kv_heads or getattr(tc, "num_key_value_heads", tc.num_attention_heads),
             head_dim=head_dim,
-            intermediate_size=config.intermediate_size or tc.intermediate_size,
+            # GPT-2 names it n_inner, and None there means 4 x hidden
+            intermediate_size=config.intermediate_size
+            or getattr(tc, "intermediate_size", None)
+            or getattr(tc, "n_inner", None)
+            or 4 * tc.hidden_size,
             rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta(tc),
             num_context_layers=len(target.target_layer_ids),

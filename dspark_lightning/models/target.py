@@ -7,7 +7,9 @@ It provides what the drafter consumes, for packed rows of several documents:
     ``lm_head(final_hidden)`` - at the few positions the loss needs, never over all S positions.
 Documents packed in one row are kept apart by transformers' packed-sequence support: with no attention mask,
 no cache and ``position_ids`` that restart at 0 for every document, the causal mask becomes block-diagonal
-(tested against running each document alone).
+(tested against running each document alone). That mask does not reach a recurrent layer (Gated DeltaNet in
+Qwen3-Next / Qwen3.5: its state and causal convolution run on across the row), so a target with such layers runs
+each document alone instead, documents of one length batched together (``models.architectures``).
 
 The model is put in eval mode with every parameter frozen; ``train()`` cannot switch it back. Loading never
 trusts remote code unless the caller sets ``trust_remote_code=True``.
@@ -33,6 +35,11 @@ import torch
 from torch import nn
 
 from dspark_lightning.errors import OptionError, loading
+from dspark_lightning.models.architectures import (
+    carries_recurrent_state,
+    check_config_supported,
+    check_target_supported,
+)
 from dspark_lightning.models.backbone import default_target_layer_ids
 
 
@@ -46,11 +53,21 @@ class TargetFeatures:
 
 
 def load_causal_lm(name_or_path: str, dtype: torch.dtype | str = "auto", trust_remote_code: bool = False, **kwargs):
-    """``AutoModelForCausalLM.from_pretrained`` with safe defaults (sdpa attention, no remote code)."""
+    """``AutoModelForCausalLM.from_pretrained`` with safe defaults (sdpa attention where the model has it, else its
+    own default: Gemma 2's soft-capped attention is eager only; no remote code)."""
     from transformers import AutoModelForCausalLM
 
+    chosen = "attn_implementation" in kwargs
     kwargs.setdefault("attn_implementation", "sdpa")
     with loading("target", name_or_path):  # a one-line error naming it: unreachable, or no model in the folder
+        try:
+            return AutoModelForCausalLM.from_pretrained(
+                name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+            )
+        except ValueError as error:
+            if chosen or "scaled_dot_product_attention" not in str(error):
+                raise
+        kwargs.pop("attn_implementation")
         return AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
         )
@@ -81,6 +98,7 @@ class FrozenTarget(nn.Module):
         config = model.config
         self.num_layers = config.num_hidden_layers
         self.target_layer_ids = resolve_target_layer_ids(self.num_layers, target_layer_ids, num_draft_layers)
+        self.per_document = carries_recurrent_state(config)  # packed documents would share a recurrent state
         model.eval()
         model.requires_grad_(False)
 
@@ -93,7 +111,15 @@ class FrozenTarget(nn.Module):
         dtype: torch.dtype | str = torch.float32,
         trust_remote_code: bool = False,
     ) -> FrozenTarget:
-        return cls(load_causal_lm(name_or_path, dtype, trust_remote_code), target_layer_ids, num_draft_layers)
+        """Load the target, refusing one the decoding loop cannot serve (``models.architectures``) before its weights
+        are read."""
+        from transformers import AutoConfig
+
+        with loading("target", name_or_path):
+            check_config_supported(AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code))
+        model = load_causal_lm(name_or_path, dtype, trust_remote_code)
+        check_target_supported(type(model), model.config)
+        return cls(model, target_layer_ids, num_draft_layers)
 
     def train(self, mode: bool = True) -> FrozenTarget:  # the target never leaves eval mode
         return super().train(False)
@@ -121,12 +147,40 @@ class FrozenTarget(nn.Module):
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> TargetFeatures:
         """Run the target over packed rows (documents separated by restarting ``position_ids``)."""
+        if self.per_document:
+            return self._features_per_document(input_ids, position_ids)
+        return self._forward(input_ids, position_ids)
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> TargetFeatures:
         outputs = getattr(self.model, self.model.base_model_prefix)(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, output_hidden_states=True
         )
         hidden_states = outputs.hidden_states
         context = torch.cat([hidden_states[i + 1] for i in self.target_layer_ids], dim=-1)
         return TargetFeatures(context_features=context, final_hidden=outputs.last_hidden_state)
+
+    def _features_per_document(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> TargetFeatures:
+        """Each document of each row run alone (a document starts where ``position_ids`` do not go on by one; every
+        padding position is then a document of its own), the documents of one length in one batch."""
+        starts = torch.ones_like(position_ids, dtype=torch.bool)
+        starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+        by_length: dict[int, list[tuple[int, int, int]]] = {}
+        for row in range(input_ids.shape[0]):
+            bounds = [*starts[row].nonzero().flatten().tolist(), input_ids.shape[1]]
+            for start, end in zip(bounds[:-1], bounds[1:], strict=False):
+                by_length.setdefault(end - start, []).append((row, start, end))
+        context = final = None
+        for segments in by_length.values():
+            part = self._forward(
+                torch.stack([input_ids[r, s:e] for r, s, e in segments]),
+                torch.stack([position_ids[r, s:e] for r, s, e in segments]),
+            )
+            if context is None:
+                context = part.context_features.new_empty((*input_ids.shape, part.context_features.shape[-1]))
+                final = part.final_hidden.new_empty((*input_ids.shape, part.final_hidden.shape[-1]))
+            for i, (r, s, e) in enumerate(segments):
+                context[r, s:e], final[r, s:e] = part.context_features[i], part.final_hidden[i]
+        return TargetFeatures(context_features=context, final_hidden=final)
 
 
 def _checkpoint_files(name_or_path: str) -> tuple[dict[str, str], Callable[[str], str]]:
@@ -194,6 +248,7 @@ class TargetHeads(nn.Module):
             config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        check_target_supported(type(skeleton), config)  # what is trained here must decode (models.architectures)
         embedding, head = skeleton.get_input_embeddings().weight, skeleton.get_output_embeddings().weight
         names = {"embed": None, "head": None}
         for name, parameter in skeleton.named_parameters(remove_duplicate=False):

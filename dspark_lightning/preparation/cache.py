@@ -38,6 +38,7 @@ from dspark_lightning.data.cache import (
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.errors import OptionError, loading
+from dspark_lightning.models.architectures import check_config_supported, check_target_supported
 from dspark_lightning.models.backbone import default_target_layer_ids
 from dspark_lightning.models.target import FrozenTarget, final_logit_softcap, load_causal_lm
 from dspark_lightning.models.teacher import full_vocab_stats
@@ -83,6 +84,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         raise OptionError("--layers [] selects no target layers; omit --layers for the default spread")
     with loading("--target", args.target):
         config = AutoConfig.from_pretrained(args.target, trust_remote_code=args.trust_remote_code)
+    check_config_supported(config)  # a target the decoding loop cannot serve: refused before any data pass
     layer_ids = args.layers or default_target_layer_ids(config.num_hidden_layers, args.num_draft_layers)
     datamodule = ShareGPTDataModule(
         tokenizer=args.target,
@@ -140,6 +142,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     model = load_causal_lm(args.target, compute_dtype, args.trust_remote_code, **load_kwargs)
     if not args.device_map:
         model = model.to(device)
+    check_target_supported(type(model), model.config)  # remote code: its class is known only now
     target = FrozenTarget(model, layer_ids)
     softcap = final_logit_softcap(target.config)  # the statistics are of the target's logits (soft-capped: Gemma 2)
     input_device = target.embed_tokens.weight.device

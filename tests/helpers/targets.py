@@ -32,6 +32,21 @@ def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int
     return model
 
 
+def make_tiny_qwen3_next(seed: int = 0):
+    """A random ``Qwen3NextForCausalLM``: Gated DeltaNet (linear-attention) layers with full attention on every
+    second layer, MoE MLPs, vocabulary 64."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+        linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, full_attention_interval=2,
+    )  # fmt: skip
+    return Qwen3NextForCausalLM(config).eval()
+
+
 GEMMA3_MASK_ID = 4  # Gemma 3's ``<mask>`` id
 
 

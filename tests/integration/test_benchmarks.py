@@ -152,3 +152,16 @@ def test_run_all_commands_name_their_output(name, tmp_path):
     command = run_all.command_for(name, quick=True, out_dir=tmp_path)
     assert command[:2] == [run_all.sys.executable, "-c"] and str(tmp_path) in command[2]
     assert all(p.parent == tmp_path for p in run_all.expected_files(name, True, tmp_path))
+
+
+def test_rollback_quick_names_the_machine(tmp_path):
+    from benchmarks.decoding import rollback_cost
+
+    assert rollback_cost.main(["--quick", "--rounds", "1", "--out-dir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "rollback_quick.json").read_text())
+    (row,) = saved["rows"]
+    assert row["size"] == "tiny" and row["step_ms"] > 0 and row["verify_plain_ms"] > 0
+    assert set(saved["machine"]) >= {"cpu", "torch", "threads"}
+    header, records = read_csv(tmp_path / "rollback_quick.csv")
+    assert "rollback_share" in header and records[0]["torch"] == saved["machine"]["torch"]
+    assert saved["machine"]["cpu"] in (tmp_path / "rollback_quick.md").read_text()
