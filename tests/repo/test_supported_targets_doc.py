@@ -1,7 +1,9 @@
-"""The guide's support table is the architecture matrix's, row for row, and every recurrent model type accepted as
-rollback-tested is a row of that matrix."""
+"""The guide's support table is the architecture matrix's, row for row, README's table names exactly its families,
+and every recurrent model type accepted as rollback-tested is a row of that matrix."""
 
 from __future__ import annotations
+
+import re
 
 from helpers.architecture_matrix import FAMILIES, supported_targets_table
 from helpers.paths import ROOT
@@ -22,3 +24,11 @@ def test_the_guide_table_equals_the_matrix():
 
 def test_every_rollback_tested_type_is_in_the_matrix():
     assert set(ROLLBACK_TESTED) <= {family.name for family in FAMILIES}
+
+
+def test_the_readme_table_names_every_family_of_the_matrix_once():
+    section = (ROOT / "README.md").read_text().split("\n## Targets\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = [name for row in rows for name in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    assert sorted(named) == sorted(family.name for family in FAMILIES) and len(named) == len(set(named))
+    assert all(row.rstrip().endswith("| passes |") for row in rows)
