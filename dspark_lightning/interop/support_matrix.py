@@ -35,7 +35,7 @@ SUPPORT: dict[tuple[str, str], dict[str, Support]] = {
     ("vllm-dspark", "0.32"): {
         "none": Support(True, "markov_rank 0; Model Runner V2 only, so a GPU"),
         "vanilla": Support(True, "Model Runner V2 only, so a GPU"),
-        "gated": Support(False, _GATE_MISSING % "gate_proj"),
+        "gated": Support(False, _GATE_MISSING % "gate_up_proj"),
         "rnn": Support(False, _GATE_MISSING % "joint_proj"),
         "selector": Support(False, "vLLM's DSpark model has no candidate_selector tensors or gate"),
     },

@@ -31,7 +31,9 @@ def test_a_gated_head_is_warned_about_and_refused_for_vllm(tmp_path, monkeypatch
     assert status == 2 and out == "" and not refused.exists()
     error = err.splitlines()[-1]  # above it: the target's loading bar, if transformers draws one
     assert error.startswith("dspark-lightning: error: --target_engine vllm: a gated Markov head")
-    assert "markov_head.gate_proj" in error and "Traceback" not in err and "error" not in err.removesuffix(error + "\n")
+    assert (
+        "markov_head.gate_up_proj" in error and "Traceback" not in err and "error" not in err.removesuffix(error + "\n")
+    )
 
     status, out, err = run(monkeypatch, capsys, "--ckpt_path", str(ckpt), "--output", str(tmp_path / "export"))
     assert status == 0 and "error" not in err

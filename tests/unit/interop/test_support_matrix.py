@@ -65,7 +65,7 @@ def test_speculators_refuses_only_the_selector_form(target):
 
 
 def test_target_engine_vllm_refuses_a_gated_head_before_anything_is_written(tmp_path, target):
-    with pytest.raises(UnsupportedError, match="markov_head.gate_proj"):
+    with pytest.raises(UnsupportedError, match="markov_head.gate_up_proj"):
         export_drafter(make_drafter(target, "gated"), tmp_path / "out", verifier_name_or_path="x", target_engine="vllm")
     assert not (tmp_path / "out").exists()
     out = export_drafter(
