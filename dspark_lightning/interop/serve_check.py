@@ -16,6 +16,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -110,7 +111,7 @@ def serve_check_command(
     prompts: list[str] | None = None,
     max_new_tokens: int = 64,
     vllm_python: str | None = None,
-    device: str = "auto",
+    device: Literal["auto", "cpu", "cuda"] = "auto",
     memory_fraction: float = 0.1,
     timeout: int = 1200,
 ) -> dict:
@@ -122,7 +123,8 @@ def serve_check_command(
         prompts: prompt strings, tokenized with the target's tokenizer (default: three short ones)
         max_new_tokens: tokens generated per prompt (end-of-sequence ignored on both sides)
         vllm_python: a Python interpreter with vLLM (default: $DSPARK_VLLM_PYTHON)
-        device: cpu, cuda or auto (cuda when this side has one)
+        device: where this project's loop runs: cpu, cuda or auto (cuda when there is one); vLLM serves the dspark
+            method only with cuda
         memory_fraction: vLLM's gpu_memory_utilization (on CPU: the share of host memory it reserves)
         timeout: seconds each vLLM process may run
     """
@@ -130,7 +132,11 @@ def serve_check_command(
 
     python = vllm_interpreter(vllm_python)
     config = json.loads((Path(export) / CONFIG_NAME).read_text())
-    method, head = config["speculators_model_type"], head_kind(config)
+    method, head = config.get("speculators_model_type"), head_kind(config)
+    if method not in FORMAT_ENGINE:
+        raise OptionError(
+            f"--export {export}: speculators_model_type {method!r}; expected one of {list(FORMAT_ENGINE)}"
+        )
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     texts = list(prompts or DEFAULT_PROMPTS)
     ids = [AutoTokenizer.from_pretrained(target)(text)["input_ids"] for text in texts]
