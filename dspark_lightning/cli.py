@@ -30,6 +30,7 @@ from dspark_lightning.evaluation.calibrate import calibrate_command
 from dspark_lightning.evaluation.decode import decode_command
 from dspark_lightning.interop.export import export_command
 from dspark_lightning.interop.import_gguf import import_gguf_command
+from dspark_lightning.interop.serve_check import serve_check_command
 from dspark_lightning.lightning.fit import LIGHTNING_COMMANDS, lightning_main
 from dspark_lightning.preparation.cache import cache_command
 from dspark_lightning.preparation.draft_vocab import draft_vocab_command
@@ -46,6 +47,7 @@ TOOL_COMMANDS: dict[str, Callable[..., object]] = {
     "decode": decode_command,
     "calibrate": calibrate_command,
     "export": export_command,
+    "serve-check": serve_check_command,
     "report": report_command,
     "report-recipe": report_recipe_command,
     "loss-study": loss_study_command,

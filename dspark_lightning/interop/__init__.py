@@ -1,8 +1,9 @@
-"""Other tools' formats: the speculators DSpark format (``speculators_format``), loading such a directory
-(``speculators_load``), exporting a checkpoint to it (``export``, the ``export`` command), checking an export
-against the speculators library itself (``speculators_parity``) and materialising a GGUF target as a Hugging Face
-directory (``import_gguf``, the ``import-gguf`` command: import its functions from that module, whose name is
-also its main function's)."""
+"""Other tools' formats: the speculators DSpark format (``speculators_format``) and its DFlash form
+(``dflash_format``), loading such a directory (``speculators_load``), exporting a checkpoint to it (``export``, the
+``export`` command), which head each engine serves (``support_matrix``), checking an export against the speculators
+library (``speculators_parity``) and against vLLM (``serve_check``, the ``serve-check`` command; ``vllm_worker`` is
+its vLLM side), and materialising a GGUF target as a Hugging Face directory (``import_gguf``, the ``import-gguf``
+command: import its functions from that module, whose name is also its main function's)."""
 
 from dspark_lightning import lazy_exports
 
@@ -20,6 +21,10 @@ _EXPORTS = {
     "export_drafter": "dspark_lightning.interop.export",
     "exported_tensors": "dspark_lightning.interop.export",
     "read_checkpoint": "dspark_lightning.interop.export",
+    "SUPPORT": "dspark_lightning.interop.support_matrix",
+    "check_servable": "dspark_lightning.interop.support_matrix",
+    "head_kind": "dspark_lightning.interop.support_matrix",
+    "serve_check_command": "dspark_lightning.interop.serve_check",
 }
 __all__ = sorted(_EXPORTS)
 

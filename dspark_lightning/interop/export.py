@@ -1,4 +1,4 @@
-"""Export a trained drafter to the DSpark checkpoint format of ``speculators`` (served by vLLM).
+"""Export a trained drafter to the DSpark (or DFlash) checkpoint format of ``speculators`` (served by vLLM).
 
 The format itself (every ``config.json`` field and tensor name, and the decisions where it is silent) is documented
 in ``interop/speculators_format.py``; loading an export back is ``interop/speculators_load.py``. Tensors are written
@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from dspark_lightning import checks
 from dspark_lightning.errors import UnsupportedError
+from dspark_lightning.interop.dflash_format import dflash_config, dflash_tensors, resolve_format
 from dspark_lightning.interop.speculators_format import (
     CONFIG_NAME,
     DFLASH2_FORM,
@@ -31,6 +32,7 @@ from dspark_lightning.interop.speculators_format import (
     _gate_form,
     build_config,
 )
+from dspark_lightning.interop.support_matrix import check_servable, head_kind
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.models import DSparkDrafter
 from dspark_lightning.selector.convert import to_candidate_selector
@@ -88,17 +90,26 @@ def export_drafter(
     *,
     dtype: str | torch.dtype = "bfloat16",
     candidate_selector: bool = False,
+    format: str = "dspark",
+    target_engine: str | None = None,
     **config_options,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` for ``drafter`` into ``output_dir``; returns the directory.
 
-    ``config_options`` are ``build_config``'s: ``verifier_name_or_path`` (required), ``selector_top_k``,
-    ``target_config`` and ``target_layer_ids``.
+    ``format`` is ``dspark``, ``dflash`` (``interop/dflash_format.py``) or ``auto`` (``resolve_format``);
+    ``target_engine`` (``speculators`` | ``vllm``) refuses a head that engine serves in no version the support
+    matrix knows (``interop/support_matrix.py``). ``config_options`` are ``build_config``'s:
+    ``verifier_name_or_path`` (required), ``selector_top_k``, ``target_config`` and ``target_layer_ids``.
     """
     output = Path(output_dir)
-    # the config first: a drafter the format cannot express is refused before anything is created
+    # the config first: a drafter the format (or the engine) cannot take is refused before anything is created
+    format = resolve_format(drafter, format, candidate_selector)
     config = build_config(drafter, dtype=dtype, candidate_selector=candidate_selector, **config_options)
+    config = dflash_config(config) if format == "dflash" else config
+    if target_engine is not None:
+        check_servable(config, target_engine)
     tensors = exported_tensors(drafter, dtype, candidate_selector)
+    tensors = dflash_tensors(tensors) if format == "dflash" else tensors
     output.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(output / WEIGHTS_NAME), metadata={"format": "pt"})
     (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
@@ -123,8 +134,10 @@ def export_checkpoint(
     selector_top_k: int | None = None,
     target: str | None = None,
     overwrite: bool = False,
+    format: str = "auto",
+    target_engine: str | None = None,
 ) -> Path:
-    """Export the drafter of a Lightning checkpoint.
+    """Export the drafter of a Lightning checkpoint (``format`` and ``target_engine`` as in ``export_drafter``).
 
     The verifier defaults to the checkpoint's ``target``, recorded portably (``speculators_format.verifier_record``:
     a hub id as such; a local directory by name and config hash, its path kept apart for reloading here). A non-empty ``output_dir`` is refused unless ``overwrite``; then the export is
@@ -147,6 +160,8 @@ def export_checkpoint(
             candidate_selector=candidate_selector,
             selector_top_k=selector_top_k or module.loss_args.candidate_k,
             target_config=module.target.config,
+            format=format,
+            target_engine=target_engine,
         )
         if output.is_dir():
             shutil.rmtree(output)
@@ -169,8 +184,10 @@ def export_command(
     selector_top_k: PositiveInt | None = None,
     target: str | None = None,
     overwrite: bool = False,
+    format: Literal["auto", "dspark", "dflash"] = "auto",
+    target_engine: Literal["speculators", "vllm"] | None = None,
 ) -> Path:
-    """Write a checkpoint in the speculators DSpark format (config.json + model.safetensors) that vLLM serves.
+    """Write a checkpoint in the speculators DSpark or DFlash format (config.json + model.safetensors) for vLLM.
 
     Args:
         ckpt_path: Lightning checkpoint (e.g. last.ckpt)
@@ -183,6 +200,11 @@ def export_command(
         selector_top_k: candidates of the CandidateSelector (default: candidate_k)
         target: load the target from here instead of the recorded path
         overwrite: replace a non-empty output directory (no stale files are left)
+        format: dspark, dflash (no Markov head, sample_from_anchor false: vLLM's dflash method, served on CPU too)
+            or auto (dflash when the drafter loses nothing in it: no Markov or confidence head, sample_from_anchor
+            false; else dspark)
+        target_engine: refuse a Markov head that no version of this engine (speculators or vllm) the support matrix
+            knows serves (default: export it, with a one-line warning when vLLM cannot serve it)
     """
     written = export_checkpoint(
         ckpt_path,
@@ -193,13 +215,17 @@ def export_command(
         selector_top_k=selector_top_k,
         target=target,
         overwrite=overwrite,
+        format=format,
+        target_engine=target_engine,
     )
     config = json.loads((written / CONFIG_NAME).read_text())
-    head = config["markov_head_type"] if config["markov_rank"] else "none"
-    head = "candidate selector" if config.get("dflash2_candidate_selector") else head
+    head = "candidate selector" if config.get("dflash2_candidate_selector") else head_kind(config)
     print(
-        f"exported to {written}: {CONFIG_NAME} + {WEIGHTS_NAME} ({dtype}), verifier "
-        f"{config['speculators_config']['verifier']['name_or_path']!r}, block {config['block_size']}, "
-        f"markov head {head}, draft vocab {config['draft_vocab_size']}"
+        f"exported to {written} ({config['speculators_model_type']} format): {CONFIG_NAME} + {WEIGHTS_NAME} "
+        f"({dtype}), verifier {config['speculators_config']['verifier']['name_or_path']!r}, block "
+        f"{config['block_size']}, markov head {head}, draft vocab {config['draft_vocab_size']}"
     )
+    warning = check_servable(config, None)
+    if warning:
+        print(warning)
     return written

@@ -74,9 +74,9 @@ def with_demo_tokenizer(path: Path) -> Path:
     return path
 
 
-def make_target_dir(path: Path, seed: int = 0) -> Path:
+def make_target_dir(path: Path, seed: int = 0, head_dim: int = 8) -> Path:
     """A tiny random Qwen3 with the demo tokenizer (its 2048-token vocabulary), saved for ``DSparkModule``."""
-    make_tiny_qwen3(vocab_size=2048, hidden_size=32, num_layers=4, seed=seed).save_pretrained(path)
+    make_tiny_qwen3(vocab_size=2048, hidden_size=32, num_layers=4, seed=seed, head_dim=head_dim).save_pretrained(path)
     return with_demo_tokenizer(path)
 
 

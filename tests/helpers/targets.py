@@ -12,7 +12,7 @@ import torch
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 
-def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 4, seed: int = 0):
+def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 4, seed: int = 0, head_dim: int = 8):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
@@ -23,7 +23,7 @@ def make_tiny_qwen3(vocab_size: int = 64, hidden_size: int = 32, num_layers: int
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
+        head_dim=head_dim,  # vLLM's CPU attention needs >= 32
         max_position_embeddings=512,
         tie_word_embeddings=False,
         attn_implementation="sdpa",

@@ -188,7 +188,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_run(tmp_path):
     assert not torch.equal(halfway, expected["backbone.fc.weight"])
 
 
-@pytest.mark.parametrize("head", ["none", "gated", "rnn", "selector"])
+@pytest.mark.parametrize("head", ["none", "gated", "rnn", "selector", "dflash"])
 def test_every_head_config_trains(head, tmp_path):
     cli = cli_main(["fit", *small_run_args(tmp_path, 2, ["--config", str(ROOT / f"configs/heads/{head}.yaml")])])
     metrics = cli.trainer.callback_metrics
@@ -196,7 +196,7 @@ def test_every_head_config_trains(head, tmp_path):
     if head == "selector":  # the DFlash-2 candidate loss and its recall are logged
         assert 0.0 <= float(metrics["train/candidate_recall@16"]) <= 1.0
         assert torch.isfinite(metrics["train/loss_candidate"])
-    expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated"}[head]
+    expected = {"none": None, "gated": "gated", "rnn": "rnn", "selector": "gated", "dflash": None}[head]
     assert (cli.model.drafter.markov_head.config.kind if cli.model.drafter.markov_head else None) == expected
 
 
