@@ -350,7 +350,7 @@ CHECKED_ELSEWHERE = {
 PROSE_ONLY_NAMES = {  # digits that are part of a name or a rule, not a result
     ("Guides", 0): ["Gemma 3 270M", "a 262k vocabulary", "SmolLM2"],
     ("Support matrix", 0): ["`markov_rank` 0"],
-    ("Field mapping", 0): ["ours + 1", "aux - 1"],
+    ("Field mapping", 0): ["ours + 1", "aux - 1", "block - 1"],
 }
 
 
@@ -1157,7 +1157,8 @@ def test_prose_only_tables_hold_no_figures(key):
 
 def test_no_test_count():
     """The README says "the suite", never how many tests it holds: that count drifted (543 quoted, ~600 collected)."""
-    assert not re.search(r"\b\d[\d,]*\s+(?:test cases|tests)\b", TEXT), "a page quotes a number of tests"
+    prose = re.sub(r"```.*?```|`[^`]*`", " ", TEXT, flags=re.S)  # commands (pytest -n 0 tests/...) are not counts
+    assert not re.search(r"\b\d[\d,]*\s+(?:test cases|tests)\b", prose), "a page quotes a number of tests"
 
 
 def test_raw_files_parsed_from_markdown_are_up_to_date():
