@@ -180,8 +180,8 @@ def run(
 ) -> dict:
     """Run the benchmark and write its results; returns the JSON record. Without an exported ``before_rev`` the
     before side is this tree with the format 1 cache, which is also the fallback side (one worker for both)."""
-    from benchmarks.bench_selector import machine_description
     from benchmarks.training_step_report import write_results
+    from dspark_lightning.machine import machine_description
 
     setup = dict(QUICK if quick else FULL)
     rounds, steps, profile_steps = rounds or (1 if quick else 6), steps or (1 if quick else 3), 1 if quick else 3

@@ -134,7 +134,7 @@ def run(names: list[str], quick: bool, out_dir: Path, log=print) -> list[dict]:
 
 def write_summary(records: list[dict], quick: bool, out_dir: Path) -> None:
     """``summary[_quick].md`` (+ ``.json``): this run's records merged over those of earlier runs into ``out_dir``."""
-    from benchmarks.bench_selector import machine_description
+    from dspark_lightning.machine import machine_description
 
     stem = "summary_quick" if quick else "summary"
     merged: dict[str, dict] = {}
@@ -142,14 +142,14 @@ def write_summary(records: list[dict], quick: bool, out_dir: Path) -> None:
         merged = json.loads((out_dir / f"{stem}.json").read_text())
     except (OSError, ValueError):
         pass
-    merged |= {r["name"]: r for r in records}
-    (out_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
     machine = machine_description()
+    merged |= {r["name"]: {**r, "machine": machine} for r in records}  # each record names the machine it ran on
+    (out_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
     lines = [
         f"# Benchmark runs{' (quick smoke mode)' if quick else ''}",
         "",
         f"`python -m benchmarks.run_all{' --quick' if quick else ''}` (`--only NAME` reruns one benchmark; its row "
-        f"here is replaced, the others are kept) on {machine['cpu']} ({machine['cores']} cores visible), torch "
+        f"here is replaced, the others are kept) on {machine['cpu']} (flags: {machine.get('flags', 'not recorded')}; {machine['cores']} cores visible), torch "
         f"{machine['torch']}. Load = the 1-minute load average before → after each benchmark (a shared machine).",
         "",
         "| benchmark | status | wall time | finished | load | results |",

@@ -32,6 +32,7 @@ from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS, measure_e
 from dspark_lightning.eval_sets.sets import EvalSetName
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.fit import lightning_main
+from dspark_lightning.machine import machine_description, machine_line
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.head_measurements import evaluate_variant
 from dspark_lightning.studies.quiet_output import quieted
@@ -168,6 +169,14 @@ EVAL_SET_KEYS = (
 )  # fmt: skip
 
 
+def machine_text(rows: list[dict]) -> str:
+    """The machine sentence of report.md: from the rows (each names its machine), else this one's torch only."""
+    machine = next((r["machine"] for r in rows if r.get("machine")), None)
+    if machine is None:
+        return f"Machine not recorded (torch {torch.__version__}, {torch.get_num_threads()} thread)."
+    return machine_line(machine)
+
+
 def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: str, plots: list[str]) -> str:
     """report.md: how it was made, one row per head (wall clock included), the break-even analysis, the charts."""
     commands = list(dict.fromkeys(r.get("command", command) for r in rows))
@@ -177,7 +186,7 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
     lines = [
         f"# DSpark heads on {recipe.title} (CPU)",
         "",
-        f"Made by {made_by}; torch {torch.__version__}, {torch.get_num_threads()} thread, this 2-core CPU. Every head: "
+        f"Made by {made_by}. {machine_text(rows)} Every head: "
         f"`{recipe.fit_config}` + `configs/heads/<head>.yaml` {recipe.training_note}, "
         f"{', '.join(sorted({str(r.get('steps', steps)) for r in rows}))} steps, seed 0. Measured decoding and "
         f"wall clock: {rows[0]['wall_clock']['prompts']} held-out prompts (validation split) x "
@@ -358,11 +367,16 @@ def report_recipe_command(
                     eval_sets=eval_sets, eval_set_limit=eval_set_limit, eval_max_new_tokens=eval_max_new_tokens,
                     recipe=loaded,
                 )  # fmt: skip
-            row.update(head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps)
+            row.update(
+                head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps,
+                machine=machine_description(),
+            )  # fmt: skip
             rows.append(row)
             rows.sort(key=lambda r: HEADS.index(r["head"]))
             # written after every head, so a long run that is stopped keeps a complete report of what finished
-            (output / "results.json").write_text(dumps_json({"command": command, "rows": rows}, indent=2))
+            (output / "results.json").write_text(
+                dumps_json({"command": command, "machine": machine_description(), "rows": rows}, indent=2)
+            )
             plots = plot_results(rows, output, k)
             (output / "report.md").write_text(markdown(rows, loaded, k=k, steps=steps, command=command, plots=plots))
             print(f"{head}: measured tau {row['measured_tau']:.3f}, speedup {row['wall_clock']['speedup']:.2f}x")
