@@ -48,6 +48,7 @@ KNOWN: dict[str, tuple[list[str], list[str], str | None, str | None]] = {
     "verify_kernels": ([], ["--quick"], "verify_kernels", "verify_kernels_quick"),
     "threads": ([], ["--quick"], "threads", "threads_quick"),
     "lm_head": (["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
+    "bf16": ([], ["--quick"], "bf16", "bf16_quick"),
     "quickstart": ([], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, and the most load-bound
 }
 # fmt: on

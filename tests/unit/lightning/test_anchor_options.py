@@ -91,3 +91,20 @@ def test_muon_updates_only_the_parameters_it_is_given():
     state = optimizer.state_dict()
     optimizer.load_state_dict(state)  # checkpoints round-trip both inner optimizers
     assert len(optimizer.state) == len(named)
+
+
+def printed_config(capsys, *configs: str) -> dict:
+    import yaml
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *[a for c in configs for a in ("--config", str(ROOT / c))], "--print_config"])
+    assert exit_info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_full_vocab_drops_the_draft_vocabulary_and_block16_sets_the_block(capsys):
+    recipe = "configs/smollm2_sharegpt.yaml"
+    assert printed_config(capsys, recipe)["model"]["drafter"]["draft_vocab"]  # the recipe maps Vd = 8,192 ...
+    assert printed_config(capsys, recipe, "configs/anchors/full_vocab.yaml")["model"]["drafter"]["draft_vocab"] is None
+    module = built("configs/anchors/block16.yaml").model
+    assert module.drafter.block_size == 16 and module.drafter_config.block_size == 16
