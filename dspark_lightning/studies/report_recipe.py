@@ -28,8 +28,10 @@ from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json, read_checkpoint
 from dspark_lightning.decoding import measure_speedup, measure_verify_cost
+from dspark_lightning.errors import OptionError
 from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
 from dspark_lightning.eval_sets.sets import EvalSetName
+from dspark_lightning.evaluation.loading import in_dtype
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.fit import lightning_main
 from dspark_lightning.machine import machine_description, machine_line
@@ -96,12 +98,14 @@ def evaluate_head(
     recipe: Recipe | None = None,
     heldout_files: str | None = None,
     heldout_split: dict[str, float] | None = None,
+    dtype: str = "auto",
 ) -> dict:
-    """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing,
+    """The report's numbers for a fitted head, re-loaded with the whole target (in ``dtype``: ``auto`` keeps the
+    checkpoint's, the baseline ``generate`` runs in the same one); ``wall_clock`` adds the timing,
     ``cost_model`` a second timing whose verify length is scheduled by the measured T(n) (``wall_clock_scheduled``),
     ``eval_sets`` the measured tau on each evaluation set with 95% intervals over prompts, and with ``wall_clock``
     the speedup too. ``sharegpt_heldout`` reads ``heldout_files`` / ``heldout_split`` (default: the recipe's)."""
-    online = load_checkpoint_module(checkpoint, features="online")
+    online = in_dtype(load_checkpoint_module(checkpoint, features="online"), dtype)
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
     row = evaluate_variant(
@@ -301,6 +305,7 @@ def report_recipe_command(
     eval_sets: list[EvalSetName] = [],  # noqa: B006
     eval_set_limit: PositiveInt | None = None,
     eval_max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS,
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto",
 ) -> list[dict]:
     """Train every head on a recipe (configs/recipes/*.yaml); measured tau and wall clock against the target's generate.
 
@@ -328,9 +333,13 @@ def report_recipe_command(
             humaneval), 128 new tokens per prompt, tau and speedup with 95% intervals over prompts
         eval_set_limit: only the first this many prompts of each evaluation set
         eval_max_new_tokens: tokens generated per evaluation-set prompt
+        dtype: the dtype each head's target decodes in (auto: the fit config's target.dtype; float32; bfloat16),
+            the baseline generate in the same one; every row records it
     """
     if reuse_runs and not runs_dir:
         raise ValueError("--reuse_runs true needs --runs_dir: the directory whose finished runs are reused")
+    if packed_verify and dtype == "bfloat16":
+        raise OptionError("--packed_verify packs float32 weights; --dtype bfloat16 decodes on the default kernels")
     command = command_line("report-recipe", report_recipe_command, dict(locals()))
     loaded = load_recipe(recipe)
     heads = heads or list(loaded.heads)
@@ -365,11 +374,11 @@ def report_recipe_command(
                     cli, checkpoint, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k,
                     max_blocks=max_blocks, packed_verify=packed_verify, cost_model=cost_model,
                     eval_sets=eval_sets, eval_set_limit=eval_set_limit, eval_max_new_tokens=eval_max_new_tokens,
-                    recipe=loaded,
+                    recipe=loaded, dtype=dtype,
                 )  # fmt: skip
             row.update(
                 head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps,
-                machine=machine_description(),
+                machine=machine_description(), dtype=row.get("wall_clock", {}).get("dtype", dtype),
             )  # fmt: skip
             rows.append(row)
             rows.sort(key=lambda r: HEADS.index(r["head"]))

@@ -38,3 +38,10 @@ def test_bf16_decode_is_measured_against_bf16_generate_and_names_the_machine(che
 def test_bf16_with_packed_verify_is_refused_naming_both_options(checkpoint):
     with pytest.raises(OptionError, match=r"--packed_verify .*--dtype bfloat16"):
         cli_main(["decode", f"--ckpt_path={checkpoint}", "--dtype=bfloat16", "--packed_verify=true"])
+
+
+def test_report_recipe_refuses_bf16_on_packed_kernels_before_any_training(tmp_path):
+    with pytest.raises(OptionError, match=r"--packed_verify .*--dtype bfloat16"):
+        cli_main(["report-recipe", "--recipe=smollm2", f"--output={tmp_path}", "--dtype=bfloat16",
+                  "--packed_verify=true"])  # fmt: skip
+    assert not any(tmp_path.iterdir())
