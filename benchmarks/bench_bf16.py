@@ -9,7 +9,8 @@ Design choices:
   features), forward + backward + AdamW, fp32 against ``torch.autocast("cpu", bfloat16)`` (what ``bf16-mixed`` runs);
   tokens/s = the batch's tokens / step time.
 - Verify forward T(n): the target's decoder over n = 1..17 new tokens on a cached 192-token prefix plus the first LM
-  head row (``bench_verify_kernels.verify_forward_ms``), the model cast to each dtype; T(n)/T(1) per dtype.
+  head row (as ``bench_verify_kernels`` times it; the prefix prefilled once, cropped back each call), the model cast
+  to each dtype; T(n)/T(1) per dtype.
 - ``generate``: greedy, a fixed number of new tokens, ms per token, on the same model in each dtype.
 - ``--shape smollm2``: a randomly initialised Llama of SmolLM2-135M's shape instead of the demo target (no download).
 - Every measurement alternates the two dtypes repeat by repeat (a shared machine's load hits both); medians.
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_verify_kernels import verify_forward_ms
 from dspark_lightning.machine import machine_description, machine_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,19 +91,41 @@ def train_step_rows(repeats: int) -> list[dict]:
     ]
 
 
+@torch.no_grad()
 def verify_rows(models: dict, max_rows: int, repeats: int, prefix: int = 192) -> list[dict]:
-    """T(n) per dtype for n = 1..max_rows and its ratio to T(1)."""
+    """T(n) per dtype for n = 1..max_rows and its ratio to T(1): the decoder over n new tokens after a cached
+    ``prefix``-token prompt, plus the LM head on the first row (as ``bench_verify_kernels`` times it). The prompt is
+    prefilled once per dtype; each timed forward starts from that cache cut back to the prompt."""
+    from transformers import DynamicCache
+
     vocab = models["float32"].get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (1, prefix), generator=g)
+    caches = {}
+    for name, model in models.items():
+        caches[name] = DynamicCache()
+        model.model(input_ids=prompt, use_cache=True, past_key_values=caches[name])
+    positions = {n: torch.arange(prefix, prefix + n)[None] for n in range(1, max_rows + 1)}
+
+    def forward_ms(name: str, tokens: torch.Tensor) -> float:
+        model, cache = models[name], caches[name]
+        extra = cache.get_seq_length() - prefix  # the previous call's tokens
+        if extra:
+            cache.crop(-extra)  # this transformers' crop takes the number of tokens to remove, negated
+        start = time.perf_counter()
+        out = model.model(
+            input_ids=tokens, position_ids=positions[tokens.shape[1]], use_cache=True, past_key_values=cache
+        )
+        model.get_output_embeddings()(out.last_hidden_state[:, :1])
+        return (time.perf_counter() - start) * 1e3
+
     rows = []
     for n in range(1, max_rows + 1):
         tokens = torch.randint(3, vocab, (1, n), generator=g)
-        fns = {name: (lambda m=m, t=tokens: verify_forward_ms(m, prompt, t)) for name, m in models.items()}
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for repeat in range(repeats + 1):
-            for name, fn in fns.items():
-                ms = fn()  # the forward alone (the prefix fill is untimed inside)
+        times: dict[str, list[float]] = {name: [] for name in models}
+        for repeat in range(repeats + 1):  # the first round warms both up
+            for name in models:
+                ms = forward_ms(name, tokens)
                 if repeat:
                     times[name].append(ms)
         rows.append({"rows": n, **{f"{name}_ms": statistics.median(v) for name, v in times.items()}})
