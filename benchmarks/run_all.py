@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-GROUPS = ("training", "memory", "decoding")
+GROUPS = ("training", "memory", "decoding", "precision")
 
 
 # name -> (module under benchmarks/, full-run arguments, quick-run arguments, result stem, quick result stem)
@@ -53,6 +53,7 @@ KNOWN: dict[str, tuple[str, list[str], list[str], str | None, str | None]] = {
     "verify_kernels": ("decoding.verify_kernels", [], ["--quick"], "verify_kernels", "verify_kernels_quick"),
     "threads": ("decoding.thread_count", [], ["--quick"], "threads", "threads_quick"),
     "lm_head": ("decoding.lm_head_kernels", ["--threads", "2"], ["--quick"], "lm_head", "lm_head_quick"),
+    "bf16": ("precision.bf16_vs_fp32", [], ["--quick"], "bf16", "bf16_quick"),
     "rollback": ("decoding.rollback_cost", [], ["--quick"], "rollback", "rollback_quick"),
     "selector": ("decoding.selector_walk", ["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
     "quickstart": ("training.quickstart_wall_time", [], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, the most load-bound
@@ -146,7 +147,7 @@ def write_summary(records: list[dict], quick: bool, out_dir: Path | None) -> Non
     (``benchmarks/`` when None; the results column then names files under each group's ``results/``)."""
     summary_dir = out_dir or HERE
     summary_dir.mkdir(parents=True, exist_ok=True)
-    from benchmarks.machine import machine_description
+    from dspark_lightning.machine import machine_description
 
     stem = "summary_quick" if quick else "summary"
     merged: dict[str, dict] = {}
@@ -154,14 +155,14 @@ def write_summary(records: list[dict], quick: bool, out_dir: Path | None) -> Non
         merged = json.loads((summary_dir / f"{stem}.json").read_text())
     except (OSError, ValueError):
         pass
-    merged |= {r["name"]: r for r in records}
-    (summary_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
     machine = machine_description()
+    merged |= {r["name"]: {**r, "machine": machine} for r in records}  # each record names the machine it ran on
+    (summary_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
     lines = [
         f"# Benchmark runs{' (quick smoke mode)' if quick else ''}",
         "",
         f"`python -m benchmarks.run_all{' --quick' if quick else ''}` (`--only NAME` reruns one benchmark; its row "
-        f"here is replaced, the others are kept) on {machine['cpu']} ({machine['cores']} cores visible), torch "
+        f"here is replaced, the others are kept) on {machine['cpu']} (flags: {machine.get('flags', 'not recorded')}; {machine['cores']} cores visible), torch "
         f"{machine['torch']}. Load = the 1-minute load average before → after each benchmark (a shared machine).",
         "",
         "| benchmark | status | wall time | finished | load | results |",

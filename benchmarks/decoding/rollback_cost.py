@@ -157,7 +157,7 @@ def write(rows: list[dict], machine: dict, out_dir: Path, stem: str, total_s: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.machine import machine_description
+    from dspark_lightning.machine import machine_description
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds, the tiny target only (a smoke run)")

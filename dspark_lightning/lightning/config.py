@@ -104,9 +104,16 @@ class TrainingArgs:
     """Warm-up steps of the default warm-up + cosine schedule."""
     compile: bool = False
     """``torch.compile`` the draft backbone."""
+    feature_noise_std: float = 0.0
+    """Std of Gaussian noise added to the target's context features in training steps only (speculators'
+    ``--noise-std 0.05``); never in validation, test or decoding. 0 = off."""
 
     def __post_init__(self) -> None:
         _check_choice("training", "anchor_budget", self.anchor_budget, ANCHOR_BUDGETS)
+        if not 0 <= self.feature_noise_std < float("inf"):
+            raise OptionError(
+                f"model.training.feature_noise_std must be a finite number >= 0, got {self.feature_noise_std}"
+            )
         if self.lr_warmup_steps < 0:
             raise OptionError(f"model.training.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.val_anchor_stride is not None and self.val_anchor_stride < 1:

@@ -40,6 +40,7 @@ from dspark_lightning.lightning.checkpoint import with_recorded_paths
 from dspark_lightning.lightning.config import GROUPS, migrate_hparams
 from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
 from dspark_lightning.lightning.module import DSparkModule
+from dspark_lightning.lightning.precision import Trainer
 from dspark_lightning.lightning.run_dirs import (
     DATA_FORMAT_FILE,
     ClaimRunDirectory,
@@ -250,6 +251,7 @@ def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: 
         ShareGPTDataModule,
         args=None if args is None else argv,
         run=run,
+        trainer_class=Trainer,  # Lightning's, with precision "auto" (lightning/precision.py)
         seed_everything_default=0,
         save_config_callback=SaveConfigAndDataFormat,
         save_config_kwargs={"overwrite": False},

@@ -231,11 +231,16 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         )
 
     def shared_step(
-        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None, noise_std=0.0
     ) -> StepOutput:
+        """The drafter's forward and losses on one batch; ``noise_std`` > 0 (training steps only) adds Gaussian noise
+        of that std to the target's context features, drawn from ``generator``."""
         context_features, final_hidden = self.target_features(batch)
         if anchors is None:
             anchors = self.training_anchors(batch, generator)
+        if noise_std > 0:  # drawn after the anchors: the same anchors with and without noise
+            noise = torch.randn(context_features.shape, generator=generator, dtype=torch.float32)
+            context_features = context_features + noise.to(context_features) * noise_std
         out = self.drafter(
             batch["input_ids"],
             batch["loss_mask"],
@@ -253,7 +258,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         return anchor_coverage_counts(anchors, batch["loss_mask"], cfg.block_size, cfg.sample_from_anchor)
 
     def training_step(self, batch, batch_idx):
-        step = self.shared_step(batch, self._generator())
+        step = self.shared_step(batch, self._generator(), noise_std=self.training_args.feature_noise_std)
         with torch.no_grad():
             stats = AcceptanceMetrics(self.metric_block_size).to(self.device)
             stats.update(step.alpha, step.greedy_match, step.valid)
@@ -326,7 +331,8 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        # named (torch optimizers take (name, parameter) pairs): MuonAdamW splits the parameters by name
+        params = [(name, p) for name, p in self.drafter.named_parameters() if p.requires_grad]
         try:  # torch checks the values (a negative lr, betas outside [0, 1)) only here, at the first step
             optimizer = self.optimizer_factory(params)
         except ValueError as error:

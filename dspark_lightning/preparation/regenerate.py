@@ -46,7 +46,13 @@ from dspark_lightning.data.records import RawRecord, iter_local_records, limit_s
 from dspark_lightning.data.shard_writer import ResumableShardWriter, to_sharegpt
 from dspark_lightning.data.sharegpt import IdSplit, InvalidRecord, conversation_id, resolve_source, to_conversation
 from dspark_lightning.errors import OptionError, loading
-from dspark_lightning.preparation.greedy import eos_token_ids, greedy_new_tokens, pad_token_id
+from dspark_lightning.preparation.greedy import (
+    Sampling,
+    eos_token_ids,
+    greedy_new_tokens,
+    pad_token_id,
+    sampling_options,
+)
 from dspark_lightning.preparation.regenerate_completion import (
     PROMPT_KINDS,
     GreedyContinuation,
@@ -94,8 +100,9 @@ class GreedyRegenerator:
         max_prompt_tokens: int | None = None,
         template_kwargs: dict[str, Any] | None = None,
         max_turns: int | None = None,
+        sampling: Sampling | None = None,
     ):
-        self.model, self.tokenizer, self.max_turns = model, tokenizer, max_turns
+        self.model, self.tokenizer, self.max_turns, self.sampling = model, tokenizer, max_turns, sampling
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.template_kwargs = dict(template_kwargs or {})
         self.pad_token_id = pad_token_id(tokenizer)
@@ -109,7 +116,10 @@ class GreedyRegenerator:
             )
             for p in prompts
         ]
-        new = greedy_new_tokens(self.model, encoded, self.max_new_tokens, self.eos_token_ids, self.pad_token_id, counts)
+        new = greedy_new_tokens(
+            self.model, encoded, self.max_new_tokens, self.eos_token_ids, self.pad_token_id, counts,
+            sampling=self.sampling,
+        )  # fmt: skip
         return [self.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in new]
 
     def prompt_length(self, messages: Sequence[dict[str, str]]) -> int:
@@ -193,6 +203,10 @@ def regenerate(
     split_by_id: dict[str, float] | None = None,
     format: str = "auto",
     prompts: Sequence[str] | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done.
 
@@ -201,7 +215,9 @@ def regenerate(
     after that many regenerated replies. ``format``: ``chat`` rewrites assistant turns, ``completion`` writes
     completion records of the ``prompts`` kinds (``regenerate_completion.py``, default both), ``auto`` is chat for a
     target with a chat template and completion for one without. ``prompts=["code"]`` with chat answers each
-    conversation's code prompt asked in HumanEval's chat form instead (``code_chat_prompts``)."""
+    conversation's code prompt asked in HumanEval's chat form instead (``code_chat_prompts``). ``temperature`` > 0
+    samples the replies (with ``top_p``, ``top_k``; torch's generator seeded with ``seed``) instead of greedy."""
+    sampling = sampling_options(temperature, top_p, top_k)
     id_split = IdSplit.from_fractions(split_by_id)
     if split not in ("train", "validation", "test"):
         raise OptionError(f"--split must be train, validation or test, got {split!r}")
@@ -228,6 +244,8 @@ def regenerate(
         with loading("--target", target):
             model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         model = model.to(device).eval()
+    if sampling is not None:
+        torch.manual_seed(seed)  # one seed per run: the same command samples the same replies
     base = f"{split}-"
     prefix = base if num_jobs == 1 else f"{base}{job_index:03d}of{num_jobs:03d}-"
     writer = ResumableShardWriter(output, shard_size, prefix)
@@ -235,14 +253,16 @@ def regenerate(
     already = len(writer.done_ids)
     batch: list[tuple[str, Any]] = []
     if data_format == "completion":
-        regenerator: Any = GreedyContinuation(model, tokenizer, max_new_tokens, max_prompt_tokens)
+        regenerator: Any = GreedyContinuation(model, tokenizer, max_new_tokens, max_prompt_tokens, sampling)
         unit = "prompts"
 
         def mine(counter: Counter) -> Iterator[tuple[str, str]]:
             records = job_conversations(data, counter, id_split, split, num_jobs, job_index, read_prompt_sources)
             return record_prompts(records, PROMPT_KINDS if prompts is None else prompts, counter)
     else:
-        regenerator = GreedyRegenerator(model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns)
+        regenerator = GreedyRegenerator(
+            model, tokenizer, max_new_tokens, max_prompt_tokens, template_kwargs, max_turns, sampling
+        )
         unit = "conversations"
 
         def mine(counter: Counter) -> Iterator[tuple[str, list[dict[str, str]]]]:
@@ -280,6 +300,7 @@ def regenerate(
             flush()
         stopped = stop_requested()
     summary = {"output": str(output), "format": data_format, "records_before": already}
+    summary["sampling"] = "greedy" if sampling is None else {**vars(sampling), "seed": seed}
     summary["records_after"] = len(writer.done_ids)
     if writer.removed_bytes:
         summary["removed_partial_bytes"] = writer.removed_bytes
@@ -334,6 +355,10 @@ def regenerate_command(
     split_by_id: dict[str, float] | None = None,
     format: Literal["auto", "chat", "completion"] = "auto",
     prompts: list[Literal["first_turn", "code"]] | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: NonNegativeInt = 0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Rewrite the assistant turns of a conversation dataset with the target's own greedy replies (on-policy data).
 
@@ -359,6 +384,10 @@ def regenerate_command(
             continuations), auto (chat when the target has a chat template, else completion)
         prompts: with completion: prompts made of each conversation, first_turn and/or code (default: both); with
             chat: [code] answers each conversation's code prompt asked in HumanEval's chat form
+        temperature: 0 = greedy replies; > 0 samples them (DeepSpec's recipe: 0.7 with top_p 0.8, top_k 20)
+        top_p: with temperature > 0: nucleus sampling over this probability mass (1 = off)
+        top_k: with temperature > 0: sample among the k most likely tokens (0 = off)
+        seed: with temperature > 0: torch's seed, so the same command samples the same replies
     """
     summary = regenerate(
         target,
@@ -380,6 +409,10 @@ def regenerate_command(
         split_by_id=split_by_id,
         format=format,
         prompts=prompts,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
     )
     print(json.dumps(summary, indent=2))
     if "stopped" in summary:

@@ -168,8 +168,11 @@ def code_chat_prompts(
 class GreedyContinuation:
     """Batched greedy continuations of plain-text prompts with one target model and tokenizer."""
 
-    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int, max_prompt_tokens: int | None = None):
+    def __init__(
+        self, model: Any, tokenizer: Any, max_new_tokens: int, max_prompt_tokens: int | None = None, sampling=None
+    ):
         self.model, self.tokenizer, self.encoder = model, tokenizer, CompletionEncoder(tokenizer)
+        self.sampling = sampling  # greedy.Sampling, or None: greedy
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.pad_token_id, self.eos_token_ids = pad_token_id(tokenizer), eos_token_ids(model, tokenizer)
 
@@ -187,7 +190,7 @@ class GreedyContinuation:
         encoded = [self.encoder.prompt_ids(prompt) for prompt in prompts]
         new = greedy_new_tokens(
             self.model, encoded, self.max_new_tokens, self.eos_token_ids, self.pad_token_id, counts,
-            truncated_key="truncated_continuations",
+            truncated_key="truncated_continuations", sampling=self.sampling,
         )  # fmt: skip
         return [self.continuation_text(ids, tokens) for ids, tokens in zip(encoded, new)]
 

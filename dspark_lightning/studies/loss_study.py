@@ -42,6 +42,7 @@ from dspark_lightning.checks import dumps_json
 from dspark_lightning.errors import OptionError
 from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS
 from dspark_lightning.eval_sets.sets import EvalSetName, check_eval_sets
+from dspark_lightning.machine import machine_description
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.loss_study_results import aggregate, markdown_report, plot_study, rerender_study
 from dspark_lightning.studies.quiet_output import quieted
@@ -203,6 +204,7 @@ def run_study(
             "command": command,
             "seconds": seconds,
             "cpu_seconds": cpu_seconds,  # this process, all its threads (the CLI runs in-process)
+            "machine": machine_description(),
             "recipe": "demo" if loaded is None else loaded.name,
             "recipe_file": None if loaded is None else str(repo_relative(loaded.path)),
             "head": head,

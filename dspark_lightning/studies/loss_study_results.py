@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.machine import machine_line
 from dspark_lightning.studies.recipes import load_recipe
 from dspark_lightning.studies.table_cells import format_mean_std
 
@@ -191,7 +192,12 @@ def markdown_report(study: dict, plot: str) -> str:
         ),
         f"Made by `{study['command']}` in {study['seconds'] / 60:.1f} min wall clock"
         + (f", {study['cpu_seconds'] / 60:.1f} min CPU" if study.get("cpu_seconds") else "")
-        + f" (torch {torch.__version__}, one thread, CPU). Every run: `{base_config}` + "
+        + (
+            f". {machine_line(study['machine'])}"
+            if study.get("machine")
+            else f" (torch {torch.__version__}, one thread, CPU)."
+        )
+        + f" Every run: `{base_config}` + "
         f"`configs/heads/{study['head']}.yaml` + `configs/losses/<loss>.yaml`, B = {study['block_size']}, {sizes}; "
         f"measured greedy decoding on {budget['num_prompts']} held-out prompts x {budget['max_new_tokens']} new "
         "tokens. `+dpace` is the loss with the best mean teacher-forced tau retrained with D-PACE position weights.",

@@ -49,6 +49,7 @@ from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.lightning.fit import lightning_main
+from dspark_lightning.machine import machine_description, machine_line
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.head_measurements import evaluate_variant
 from dspark_lightning.studies.quiet_output import quieted
@@ -150,8 +151,7 @@ def markdown_report(rows: list[dict], budget: Budget, plots: list[str], command:
     lines = [
         "# DSpark heads on the demo target",
         "",
-        f"Made by `{command}` in {seconds / 60:.1f} min (torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread, CPU). Every variant: `configs/quickstart.yaml` + `configs/heads/<head>.yaml`, "
+        f"Made by `{command}` in {seconds / 60:.1f} min. {machine_line(machine_description())} Every variant: `configs/quickstart.yaml` + `configs/heads/<head>.yaml`, "
         f"{budget.steps} steps of {budget.batch_size} packed rows x {budget.seq_len} tokens, {budget.max_anchors} "
         f"anchors per row, seed 0; validation on the first {budget.val_samples} validation conversations; "
         f"measured decoding on {budget.num_prompts} eval prompts x {budget.max_new_tokens} new tokens. "
@@ -219,7 +219,7 @@ def run_report(
     output.mkdir(parents=True, exist_ok=True)
     keep = runs_dir is not None
     runs = Path(runs_dir) if keep else Path(tempfile.mkdtemp(prefix="dspark-report-"))
-    start = time.perf_counter()
+    start, machine = time.perf_counter(), machine_description()
     rows = []
     try:
         variants = [(block, head) for block in block_sizes for head in heads]
@@ -228,7 +228,7 @@ def run_report(
                 row = train_and_evaluate(runs, head, block, budget)
             except Exception:
                 if rows:  # keep the finished variants before the error propagates
-                    partial = {"command": command, "failed": f"{head} B={block}", "rows": rows}
+                    partial = {"command": command, "failed": f"{head} B={block}", "machine": machine, "rows": rows}
                     (output / "results.partial.json").write_text(dumps_json(partial, indent=2, default=str))
                     print(f"{head} B={block} failed; {len(rows)} finished variant(s) kept in results.partial.json")
                 raise
@@ -248,7 +248,7 @@ def run_report(
     seconds = time.perf_counter() - start
     plots = plot_results(rows, output, budget.k)
     (output / "report.md").write_text(markdown_report(rows, budget, plots, command, seconds))
-    payload = {"command": command, "seconds": seconds, "budget": vars(budget), "rows": rows}
+    payload = {"command": command, "seconds": seconds, "budget": vars(budget), "machine": machine, "rows": rows}
     (output / "results.json").write_text(dumps_json(payload, indent=2))  # strict: an undefined value is null
     print(f"wrote {output / 'report.md'} ({seconds / 60:.1f} min)")
     return rows

@@ -28,10 +28,13 @@ from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json, read_checkpoint
 from dspark_lightning.decoding import measure_speedup, measure_verify_cost
+from dspark_lightning.errors import OptionError
 from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
 from dspark_lightning.eval_sets.sets import EvalSetName
+from dspark_lightning.evaluation.loading import in_dtype
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.fit import lightning_main
+from dspark_lightning.machine import machine_description, machine_line
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.head_measurements import evaluate_variant
 from dspark_lightning.studies.quiet_output import quieted
@@ -95,12 +98,14 @@ def evaluate_head(
     recipe: Recipe | None = None,
     heldout_files: str | None = None,
     heldout_split: dict[str, float] | None = None,
+    dtype: str = "auto",
 ) -> dict:
-    """The report's numbers for a fitted head, re-loaded with the whole target; ``wall_clock`` adds the timing,
+    """The report's numbers for a fitted head, re-loaded with the whole target (in ``dtype``: ``auto`` keeps the
+    checkpoint's, the baseline ``generate`` runs in the same one); ``wall_clock`` adds the timing,
     ``cost_model`` a second timing whose verify length is scheduled by the measured T(n) (``wall_clock_scheduled``),
     ``eval_sets`` the measured tau on each evaluation set with 95% intervals over prompts, and with ``wall_clock``
     the speedup too. ``sharegpt_heldout`` reads ``heldout_files`` / ``heldout_split`` (default: the recipe's)."""
-    online = load_checkpoint_module(checkpoint, features="online")
+    online = in_dtype(load_checkpoint_module(checkpoint, features="online"), dtype)
     online.last_validation = cli.model.last_validation  # the fit's last validation (cached rows, same weights)
     cli.datamodule.num_eval_prompts = max(cli.datamodule.num_eval_prompts, num_prompts)
     row = evaluate_variant(
@@ -168,6 +173,14 @@ EVAL_SET_KEYS = (
 )  # fmt: skip
 
 
+def machine_text(rows: list[dict]) -> str:
+    """The machine sentence of report.md: from the rows (each names its machine), else this one's torch only."""
+    machine = next((r["machine"] for r in rows if r.get("machine")), None)
+    if machine is None:
+        return f"Machine not recorded (torch {torch.__version__}, {torch.get_num_threads()} thread)."
+    return machine_line(machine)
+
+
 def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: str, plots: list[str]) -> str:
     """report.md: how it was made, one row per head (wall clock included), the break-even analysis, the charts."""
     commands = list(dict.fromkeys(r.get("command", command) for r in rows))
@@ -177,7 +190,7 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
     lines = [
         f"# DSpark heads on {recipe.title} (CPU)",
         "",
-        f"Made by {made_by}; torch {torch.__version__}, {torch.get_num_threads()} thread, this 2-core CPU. Every head: "
+        f"Made by {made_by}. {machine_text(rows)} Every head: "
         f"`{recipe.fit_config}` + `configs/heads/<head>.yaml` {recipe.training_note}, "
         f"{', '.join(sorted({str(r.get('steps', steps)) for r in rows}))} steps, seed 0. Measured decoding and "
         f"wall clock: {rows[0]['wall_clock']['prompts']} held-out prompts (validation split) x "
@@ -292,6 +305,7 @@ def report_recipe_command(
     eval_sets: list[EvalSetName] = [],  # noqa: B006
     eval_set_limit: PositiveInt | None = None,
     eval_max_new_tokens: PositiveInt = DEFAULT_MAX_NEW_TOKENS,
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto",
 ) -> list[dict]:
     """Train every head on a recipe (configs/recipes/*.yaml); measured tau and wall clock against the target's generate.
 
@@ -319,9 +333,13 @@ def report_recipe_command(
             humaneval), 128 new tokens per prompt, tau and speedup with 95% intervals over prompts
         eval_set_limit: only the first this many prompts of each evaluation set
         eval_max_new_tokens: tokens generated per evaluation-set prompt
+        dtype: the dtype each head's target decodes in (auto: the fit config's target.dtype; float32; bfloat16),
+            the baseline generate in the same one; every row records it
     """
     if reuse_runs and not runs_dir:
         raise ValueError("--reuse_runs true needs --runs_dir: the directory whose finished runs are reused")
+    if packed_verify and dtype == "bfloat16":
+        raise OptionError("--packed_verify packs float32 weights; --dtype bfloat16 decodes on the default kernels")
     command = command_line("report-recipe", report_recipe_command, dict(locals()))
     loaded = load_recipe(recipe)
     heads = heads or list(loaded.heads)
@@ -356,13 +374,18 @@ def report_recipe_command(
                     cli, checkpoint, num_prompts=num_prompts, max_new_tokens=max_new_tokens, k=k,
                     max_blocks=max_blocks, packed_verify=packed_verify, cost_model=cost_model,
                     eval_sets=eval_sets, eval_set_limit=eval_set_limit, eval_max_new_tokens=eval_max_new_tokens,
-                    recipe=loaded,
+                    recipe=loaded, dtype=dtype,
                 )  # fmt: skip
-            row.update(head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps)
+            row.update(
+                head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps,
+                machine=machine_description(), dtype=row.get("wall_clock", {}).get("dtype", dtype),
+            )  # fmt: skip
             rows.append(row)
             rows.sort(key=lambda r: HEADS.index(r["head"]))
             # written after every head, so a long run that is stopped keeps a complete report of what finished
-            (output / "results.json").write_text(dumps_json({"command": command, "rows": rows}, indent=2))
+            (output / "results.json").write_text(
+                dumps_json({"command": command, "machine": machine_description(), "rows": rows}, indent=2)
+            )
             plots = plot_results(rows, output, k)
             (output / "report.md").write_text(markdown(rows, loaded, k=k, steps=steps, command=command, plots=plots))
             print(f"{head}: measured tau {row['measured_tau']:.3f}, speedup {row['wall_clock']['speedup']:.2f}x")

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
+from dspark_lightning.machine import machine_description
 
 KEYS = (
     "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
@@ -140,7 +141,10 @@ def main() -> None:
     rows = [row for spec in args.decode_json for row in read_rows(spec)]
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    results = dict(title=args.title, fit_command=args.fit_command, measure_command=args.measure_command, eval_sets=rows)
+    results = dict(
+        title=args.title, fit_command=args.fit_command, measure_command=args.measure_command,
+        machine=machine_description(), eval_sets=rows,
+    )  # fmt: skip
     text = table(rows)
     if args.paired_against:
         results["paired_differences"] = paired_differences(rows, args.paired_against)

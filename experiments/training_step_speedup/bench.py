@@ -180,7 +180,7 @@ def run(
 ) -> dict:
     """Run the benchmark and write its results; returns the JSON record. Without an exported ``before_rev`` the
     before side is this tree with the format 1 cache, which is also the fallback side (one worker for both)."""
-    from benchmarks.machine import machine_description
+    from dspark_lightning.machine import machine_description
     from experiments.training_step_speedup.report import write_results
 
     setup = dict(QUICK if quick else FULL)

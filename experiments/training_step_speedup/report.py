@@ -64,7 +64,7 @@ def write_results(record: dict, out_dir: Path, stem: str, columns: list[str]) ->
         "",
         f"Target: `{setup['target']}`; cache: `{setup['cache']}`."
         + ("" if not setup["notes"] else " **" + "; ".join(setup["notes"]) + ".**"),
-        f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {setup['threads']} torch "
+        f"Machine: {machine['cpu']} (flags: {machine.get('flags', 'not recorded')}), {machine['cores']} cores, torch {machine['torch']}, {setup['threads']} torch "
         f"thread per side; load average {machine['load_average']} at start, {machine['load_average_end']} at end "
         "(shared machine).",
         "",

@@ -24,6 +24,7 @@ from benchmarks.decoding import lm_head_kernels as bench_lm_head  # noqa: E402
 from benchmarks.decoding import speedup_vs_generate as bench_decode  # noqa: E402
 from benchmarks.decoding import thread_count as bench_threads  # noqa: E402
 from benchmarks.decoding import verify_kernels as bench_verify_kernels  # noqa: E402
+from benchmarks.precision import bf16_vs_fp32 as bench_bf16  # noqa: E402
 from benchmarks.training import quickstart_wall_time as bench_quickstart  # noqa: E402
 from benchmarks.training import step_scaling as bench_scaling  # noqa: E402
 from benchmarks.training import step_vs_speculators as bench_train_step  # noqa: E402
@@ -70,6 +71,16 @@ def test_decode_quick_writes_speedup_and_context_sweep(tmp_path):
     assert all(float(r["cached_ms"]) > 0 and float(r["uncached_ms"]) > 0 for r in records)
     assert (tmp_path / "decode_quick_context.png").stat().st_size > 0
     assert "untrained drafter" in (tmp_path / "decode_quick.md").read_text()
+
+
+def test_bf16_quick_puts_both_dtypes_side_by_side_and_names_the_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_bf16, "RESULTS", tmp_path)
+    report = bench_bf16.main(["--quick"])
+    saved = json.loads((tmp_path / "bf16_quick.json").read_text())
+    assert saved["machine"]["cpu"] and "amx_bf16" in saved["machine"] and saved["machine"]["torch"]
+    assert [r["rows"] for r in saved["verify"]] == [1, 2, 3] and saved["verify"][0]["bfloat16_ratio"] == 1.0
+    assert {r["dtype"] for r in report["generate"]} == {"float32", "bfloat16"}
+    assert "Machine: " in (tmp_path / "bf16_quick.md").read_text()
 
 
 def test_verify_kernels_quick_times_both_kernels_per_row_count(tmp_path):

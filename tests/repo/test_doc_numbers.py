@@ -335,6 +335,7 @@ PROSE_ONLY = {
     ("Guides", 0): "the docs site's index of guides",
     ("Tests", 0): "what each test folder holds",
     ("Refused targets", 0): "which model types the loop refuses and why",
+    ("Precision and the anchors", 0): "what each recipe overlay sets (settings, not results)",
     ("The two methods, and what runs where", 0): "which vLLM runner serves which method where",
     ("Support matrix", 0): "which head each engine serves (engine versions are names, not results)",
     ("Field mapping", 0): "which of our config fields each vLLM reader takes",
@@ -351,6 +352,7 @@ PROSE_ONLY_NAMES = {  # digits that are part of a name or a rule, not a result
     ("Guides", 0): ["Gemma 3 270M", "a 262k vocabulary", "SmolLM2"],
     ("Support matrix", 0): ["`markov_rank` 0"],
     ("Field mapping", 0): ["ours + 1", "aux - 1", "block - 1"],
+    ("Precision and the anchors", 0): ["lr 6e-3, ~10x", "(6e-4)", "2-D"],
 }
 
 

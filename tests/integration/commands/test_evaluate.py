@@ -15,6 +15,7 @@ from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
 from dspark_lightning.evaluation.loading import load_trained
+from dspark_lightning.machine import machine_description
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,10 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, c
             f"--json={out}",
         ]
     )
-    assert json.loads(out.read_text()) == json.loads(dumps_json(rows))  # strict JSON: an undefined rate is null
+    written = json.loads(out.read_text())
+    assert {row.pop("machine")["cpu"] for row in written} == {machine_description()["cpu"]}  # each row names it
+    assert {row["dtype"] for row in written} == {"float32"}  # the dtype the target decoded in, on every row
+    assert written == [row | {"dtype": "float32"} for row in json.loads(dumps_json(rows))]  # strict: NaN is null
     by_mode = {(r["mode"], r["threshold"]): r for r in rows}
     cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
     assert len(cost_rows) == 3 and {r["mode"] for r in cost_rows} == {"parallel", "markov", "selector"}

@@ -1,0 +1,47 @@
+"""``decode --dtype bfloat16``: the target and its baseline generate run in bf16, and --json names the machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers.hostile import fit_args
+
+from dspark_lightning.cli import cli_main
+from dspark_lightning.errors import OptionError
+from dspark_lightning.machine import FLAGS
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("bf16")
+    cli_main(["fit", *fit_args(run_dir, steps=2)])
+    return run_dir / "run" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_bf16_decode_is_measured_against_bf16_generate_and_names_the_machine(checkpoint, tmp_path):
+    out = tmp_path / "rows.json"
+    rows = cli_main(
+        ["decode", f"--ckpt_path={checkpoint}", "--modes=[parallel,markov]", "--num_prompts=2",
+         "--max_new_tokens=16", "--dtype=bfloat16", f"--json={out}"]
+    )  # fmt: skip
+    written = json.loads(out.read_text())
+    assert len(written) == len(rows) == 2
+    for row in written:
+        assert row["dtype"] == "bfloat16"  # the target decoded (and generate ran) in bf16: measure_speedup read it
+        assert set(FLAGS) <= set(row["machine"]) and row["machine"]["torch"] and row["machine"]["cpu"]
+        # greedy speculation equals bf16 generate, or differs from it by a counted float tie
+        assert row["outputs_equal"] and row["mismatches"] == [] and isinstance(row["ties"], list)
+        assert all(d["kind"] == "tie" for d in row["differences"])
+
+
+def test_bf16_with_packed_verify_is_refused_naming_both_options(checkpoint):
+    with pytest.raises(OptionError, match=r"--packed_verify .*--dtype bfloat16"):
+        cli_main(["decode", f"--ckpt_path={checkpoint}", "--dtype=bfloat16", "--packed_verify=true"])
+
+
+def test_report_recipe_refuses_bf16_on_packed_kernels_before_any_training(tmp_path):
+    with pytest.raises(OptionError, match=r"--packed_verify .*--dtype bfloat16"):
+        cli_main(["report-recipe", "--recipe=smollm2", f"--output={tmp_path}", "--dtype=bfloat16",
+                  "--packed_verify=true"])  # fmt: skip
+    assert not any(tmp_path.iterdir())
