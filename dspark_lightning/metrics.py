@@ -54,7 +54,7 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 class AcceptanceMetrics(Metric):
-    """Accept rate, tau, greedy accuracy and greedy tau, overall and per slot (see the module docstring)."""
+    """Accept rate, tau, greedy accuracy and greedy tau, overall and per slot (docs/design/design.md §7.1-§7.3)."""
 
     full_state_update = False
     higher_is_better = True

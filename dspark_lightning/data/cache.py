@@ -118,7 +118,7 @@ def split_for_rank(num_samples: int, rank: int, world_size: int, even: bool) -> 
 
 
 class CachedFeatureDataset(TorchIterableDataset):
-    """Batches of cached samples for one rank (see module docstring); yields dicts in the batch contract."""
+    """Batches of cached samples for one rank (docs/design/data.md §6.2); yields dicts in the batch contract."""
 
     def __init__(
         self,

@@ -87,7 +87,7 @@ def to_completion(raw: RawRecord) -> Completion:
 
 
 class CompletionEncoder:
-    """Tokenise, mask and truncate completion records with one tokenizer (see the module docstring)."""
+    """Tokenise, mask and truncate completion records with one tokenizer (docs/design/data.md §3.1)."""
 
     format = "completion"
 
@@ -104,7 +104,7 @@ class CompletionEncoder:
         return to_completion(raw)
 
     def ids_and_mask(self, prompt: str, completion: str) -> tuple[list[int], list[bool]]:
-        """Token ids of the prompt then the completion and the mask of the completion's tokens (module docstring):
+        """Token ids of the prompt then the completion and the mask of the completion's tokens (docs/design/data.md §3.1):
         tokenised apart when that spells the text exactly, else the whole text with the overlap mask."""
         prompt_ids = self.prompt_ids(prompt)
         completion_ids = list(self.tokenizer(completion, add_special_tokens=False)["input_ids"])

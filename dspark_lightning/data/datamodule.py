@@ -32,8 +32,11 @@ logger = logging.getLogger(__name__)
 
 
 class ShareGPTDataModule(DataReports, L.LightningDataModule):
-    """Streams ShareGPT / OpenAI-style conversations (or completion records) into packed, loss-masked rows (see the
-    module docstring)."""
+    """Streams ShareGPT / OpenAI-style conversations (or completion records) into packed, loss-masked rows.
+
+    Streaming, sharding, counting and resuming: docs/design/data.md §5; the batches it yields: §4. The arguments are
+    documented on ``__init__``.
+    """
 
     def __init__(
         self,

@@ -98,7 +98,7 @@ def skip_bom(handle: IO[bytes], path: str) -> bool:
 
 
 def sniff_file(path: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> FileLayout:
-    """Open ``path`` and decide its layout and encoding from its first lines (see the module docstring)."""
+    """Open ``path`` and decide its layout and encoding from its first lines (docs/design/data.md §1.2)."""
     try:
         with open_binary(path) as handle:
             bom = skip_bom(handle, path)

@@ -103,7 +103,7 @@ def resolve_format(
     where: str,
     option: str = "data.format",
 ) -> FormatChoice:
-    """The format to read the records in (see the module docstring); ``detected`` is the kind of the first record
+    """The format to read the records in (docs/design/data.md §1.5); ``detected`` is the kind of the first record
     (at ``where``), None when there was none to look at. Raises :class:`DataFormatError`; logs the choice."""
     if requested not in DATA_FORMATS:
         raise DataFormatError(f"{option} must be one of {', '.join(DATA_FORMATS)}, got {requested!r}")

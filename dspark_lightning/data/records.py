@@ -157,7 +157,7 @@ def _iter_json_values_strict(reader: _JSONValueReader, path: str, array: bool) -
 def iter_file_records(
     path: str, max_records: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 ) -> Iterator[RawRecord]:
-    """Stream the records of one local file (layout sniffed, see the module docstring); at most ``max_records``."""
+    """Stream the records of one local file (layout sniffed, docs/design/data.md §1.2); at most ``max_records``."""
     if max_records is not None and max_records <= 0:
         return
     layout = sniff_file(path, max_record_bytes)

@@ -155,7 +155,7 @@ def assistant_spans_by_search(text: str, messages: Sequence[dict[str, str]], end
 
 
 class ConversationEncoder:
-    """Render, tokenise, mask and truncate conversations with one tokenizer (see the module docstring)."""
+    """Render, tokenise, mask and truncate conversations with one tokenizer (docs/design/data.md §3)."""
 
     format = "chat"
 
@@ -252,7 +252,7 @@ class _OpenRow:
 
 
 class SequencePacker:
-    """First-fit packing of tokenised documents into rows of exactly ``seq_len`` tokens (see the module docstring)."""
+    """First-fit packing of tokenised documents into rows of exactly ``seq_len`` tokens (docs/design/data.md §4)."""
 
     def __init__(self, seq_len: int, pad_token_id: int, open_rows: int = 4):
         if seq_len < 1 or open_rows < 1:

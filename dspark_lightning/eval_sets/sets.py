@@ -161,7 +161,7 @@ def load_eval_set(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     humaneval_file: str | None = None,
 ) -> EvalSet:
-    """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; see the module docstring).
+    """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; docs/design/design.md §7.8).
 
     ``limit``: keep the first N prompts (``sharegpt_heldout`` defaults to :data:`DEFAULT_HELDOUT_PROMPTS`,
     ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (plain-text prompts, for base models). ``sharegpt_heldout`` reads

@@ -21,7 +21,7 @@ def position_weights(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Static per-slot weights ``[block_size]`` (see the module docstring for the two anchor conventions)."""
+    """Static per-slot weights ``[block_size]`` (the two anchor conventions: docs/design/losses.md §6)."""
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
     if position_weighting not in POSITION_WEIGHTINGS:

@@ -134,7 +134,14 @@ class DraftDecoderLayer(nn.Module):
 
 
 class DFlashBackbone(nn.Module):
-    """Fused target context + draft layers + final norm: block embeddings -> draft hidden states."""
+    """Fused target context + draft layers + final norm: block embeddings -> draft hidden states.
+
+    docs/design/design.md §2.
+
+    Args:
+        config: the draft backbone's shape (``BackboneConfig``): hidden size, layers, heads, rotary base, the number
+            of target context layers fused by ``fc``, the attention backend and the sliding-window layer types.
+    """
 
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()

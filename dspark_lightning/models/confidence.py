@@ -10,7 +10,13 @@ from torch import nn
 
 
 class ConfidenceHead(nn.Module):
-    """Linear acceptance-probability predictor; ``forward(features[..., D]) -> logits[...]``."""
+    """Linear acceptance-probability predictor; ``forward(features[..., D]) -> logits[...]``.
+
+    docs/design/design.md §5; zero-initialised, so every slot starts at c = 0.5.
+
+    Args:
+        input_dim: D, the feature width: H, or H + r with ``confidence_with_markov`` (``[h_k ; W1[a]]``).
+    """
 
     def __init__(self, input_dim: int) -> None:
         super().__init__()

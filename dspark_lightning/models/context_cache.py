@@ -19,9 +19,9 @@ class DraftContextCache:
     copying) the prefix every step.
 
     Args:
-        backbone: the drafter's ``DFlashBackbone`` whose ``fc``, norms and key/value projections fill the cache.
+        backbone (DFlashBackbone): the drafter's ``DFlashBackbone`` whose ``fc``, norms and key/value projections fill the cache.
         batch: rows decoded together (they share one prefix length).
-        device: device of the buffers.
+        device (torch.device | str | None): device of the buffers.
         dtype: dtype of the buffers.
         capacity: positions reserved up front (prefix + one draft block); grown by doubling when exceeded.
     """

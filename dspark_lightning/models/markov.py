@@ -20,7 +20,17 @@ GATE_ACTIVATIONS = ("sigmoid", "identity")
 
 
 class MarkovHead(nn.Module):
-    """Low-rank previous-token logit bias (the math: docs/design/design.md §4)."""
+    """Low-rank previous-token logit bias (the math: docs/design/design.md §4).
+
+    Args:
+        verifier_vocab_size: V, the rows of ``markov_w1`` (previous tokens are target ids).
+        draft_vocab_size: Vd, the logits the bias covers (``markov_w2`` is ``Linear(r, Vd)``).
+        rank: r, the width of the transition feature.
+        hidden_size: H, the draft hidden size the gate (gated) or the joint projection (rnn) reads.
+        kind: ``vanilla``, ``gated`` or ``rnn`` (§4.1-§4.3).
+        gate_input: what a gated head's gate reads: ``hidden+prev`` or ``hidden`` (§4.2).
+        gate_activation: ``sigmoid`` (with a gate bias) or ``identity`` (no bias) (§4.2).
+    """
 
     def __init__(
         self,

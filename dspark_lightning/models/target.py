@@ -53,7 +53,17 @@ def resolve_target_layer_ids(num_layers: int, target_layer_ids: list[int] | None
 
 
 class FrozenTarget(nn.Module):
-    """Wraps a causal LM; exposes embeddings, LM head, per-layer features and the final hidden state."""
+    """Wraps a causal LM; exposes embeddings, LM head, per-layer features and the final hidden state.
+
+    Frozen and in eval mode for good (docs/design/design.md §2.1); ``from_pretrained`` loads one from a hub id or a
+    local directory.
+
+    Args:
+        model: the Hugging Face causal LM (``AutoModelForCausalLM``).
+        target_layer_ids: decoder layers whose outputs make ``context_features``; None for the default spread
+            (``default_target_layer_ids``).
+        num_draft_layers: how many layers the default spread picks when ``target_layer_ids`` is None.
+    """
 
     def __init__(self, model: nn.Module, target_layer_ids: list[int] | None = None, num_draft_layers: int = 1) -> None:
         super().__init__()
@@ -139,7 +149,17 @@ def _checkpoint_files(name_or_path: str) -> tuple[dict[str, str], Callable[[str]
 
 
 class TargetHeads(nn.Module):
-    """Config + input embedding + LM head of a target, without its decoder layers (see module docstring)."""
+    """Config + input embedding + LM head of a target, without its decoder layers (docs/design/design.md §2.1).
+
+    For training from an offline feature cache; ``from_pretrained`` reads only those tensors.
+
+    Args:
+        config: the target's transformers config.
+        embed_tokens: the target's input embedding (the model's own module class, so Gemma's scale applies).
+        lm_head: the target's LM head (sharing the embedding's weight when the head is tied).
+        target_layer_ids: the decoder layers the cache holds features of; None for the default spread.
+        num_draft_layers: how many layers the default spread picks when ``target_layer_ids`` is None.
+    """
 
     def __init__(
         self,

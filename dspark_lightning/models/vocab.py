@@ -12,7 +12,14 @@ from dspark_lightning.errors import OptionError
 
 
 class DraftVocab(nn.Module):
-    """Holds d2t [Vd] and t2d [V] as buffers so they travel with the drafter's state dict."""
+    """Holds d2t [Vd] and t2d [V] as buffers so they travel with the drafter's state dict.
+
+    The file it is read from (``load_draft_vocab``) and how it is chosen: docs/design/data.md §6.3.
+
+    Args:
+        d2t: [Vd] target ids of the draft vocabulary (distinct; stored sorted, so draft index i is the i-th lowest).
+        verifier_vocab_size: V, the length of the boolean ``t2d`` mask built from ``d2t``.
+    """
 
     def __init__(self, d2t: torch.Tensor, verifier_vocab_size: int) -> None:
         super().__init__()

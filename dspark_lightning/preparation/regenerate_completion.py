@@ -68,7 +68,7 @@ def _docstring_end(lines: list[str], after: int) -> int | None:
 
 
 def code_prompt(messages: Sequence[dict[str, str]]) -> str | None:
-    """The code prompt of a conversation (module docstring): the first fenced Python block of any turn that defines a
+    """The code prompt of a conversation (docs/design/data.md §6.1): the first fenced Python block of any turn that defines a
     function, up to the end of that function's signature and docstring; None when no turn has one."""
     for message in messages:
         for fence in _FENCE.finditer(message["content"]):

@@ -26,7 +26,7 @@ def _check_dflash2_form(head: MarkovHead) -> None:
 def to_candidate_selector(
     head: MarkovHead, *, prefix: str = DEFAULT_PREFIX, d2t: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Export a DFlash-2 form head as a CandidateSelector state dict (detached copies; see module docstring)."""
+    """Export a DFlash-2 form head as a CandidateSelector state dict (detached copies; docs/design/design.md §6.4)."""
     _check_dflash2_form(head)
     successor = head.markov_w2.weight.detach().clone()
     if d2t is not None:
