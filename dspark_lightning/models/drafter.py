@@ -225,7 +225,7 @@ class DSparkDrafter(nn.Module):
         markov_prev: str = "teacher",
         teacher_stats: TeacherStats | None = None,
     ) -> DrafterOutput:
-        """Teacher-forced training forward over a packed batch (shapes in the data package docstring).
+        """Teacher-forced training forward over a packed batch (the batch contract: docs/design/data.md §4).
 
         ``teacher_stats``: the full-vocabulary logsumexp and argmax per position of ``final_hidden`` (from a feature
         cache): the teacher then evaluates the LM head on the draft rows only (docs/design/design.md §3.6).
