@@ -1,13 +1,8 @@
-"""Acceptance and confidence-calibration metrics (docs/design/design.md §7), exact under DDP.
+"""Acceptance and confidence-calibration metrics, exact under DDP (sums and counts, divided in ``compute()``).
 
-At the package root because lightning/ (training), decoding/ (measured tau) and evaluation/ share them.
-
-Every metric keeps only sums and counts (``dist_reduce_fx="sum"``) and divides in ``compute()``, so syncing across
-ranks gives the single-process result up to float summation order (float32 sums, int64 counts: no float64 needed).
-Inputs are ``[Nb, B]`` (blocks x trained slots; flat ``[Nb*B]`` is reshaped) with a validity mask. Definitions of
-accept rate, tau, greedy accuracy / tau and the calibration errors: docs/design/design.md §7.1-§7.4. In the DFlash form
-pass slots 1..B-1 only (``block_size = B - 1``). Slots or bins that never had data are NaN.
-"""
+At the package root because lightning/ (training), decoding/ (measured tau) and evaluation/ share them. Definitions:
+docs/design/design.md §7.1-§7.4, exactness: §7.5. Inputs are ``[Nb, B]`` (blocks x trained slots; flat ``[Nb*B]`` is
+reshaped) with a validity mask; in the DFlash form pass slots 1..B-1 only (``block_size = B - 1``)."""
 
 from __future__ import annotations
 
@@ -59,7 +54,7 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 class AcceptanceMetrics(Metric):
-    """Accept rate, tau, greedy accuracy and greedy tau, overall and per slot (see the module docstring)."""
+    """Accept rate, tau, greedy accuracy and greedy tau, overall and per slot (docs/design/design.md §7.1-§7.3)."""
 
     full_state_update = False
     higher_is_better = True

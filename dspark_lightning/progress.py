@@ -1,16 +1,8 @@
 """What long commands share: a rich progress bar with an ETA, and stopping cleanly on SIGTERM.
 
-At the package root, in the lowest layer (it imports nothing of the package), because the commands that use it sit
-in three layers: ``regenerate`` (data/), the decode tables (evaluation/) and the feature cache (preparation/); the
-training callbacks read Lightning's own stop flag (``trainer.received_sigterm``) through ``stop_requested``.
-
-    with progress_bar("regenerate", total=480, unit="records") as advance, stop_on_sigterm("regenerate") as stop:
-        for batch in batches:
-            if stop():
-                break  # a resumable command: the next run continues here
-            ...
-            advance(len(batch))
-"""
+At the package root, in the lowest layer (it imports nothing of the package), because its users sit in several
+layers: ``regenerate`` and the feature cache (preparation/), the decode tables (evaluation/); the training
+callbacks (lightning/) read Lightning's own stop flag (``trainer.received_sigterm``) through ``stop_requested``."""
 
 from __future__ import annotations
 
@@ -32,7 +24,14 @@ def progress_bar(description: str, total: int | None, unit: str = "") -> Iterato
     None (a streamed source of unknown length) shows the count and the elapsed time without an ETA. Off a terminal
     (``nohup``, a batch job's log file, a test) rich draws the bar once, when the block ends, so a line
     ``<description>: done/total unit, elapsed, ETA`` is also written at most every ``LOG_EVERY_S`` seconds: a
-    job's log shows how far it is while it runs.
+    job's log shows how far it is while it runs. With :func:`stop_on_sigterm`::
+
+        with progress_bar("regenerate", total=480, unit="records") as advance, stop_on_sigterm("regenerate") as stop:
+            for batch in batches:
+                if stop():
+                    break  # a resumable command: the next run continues here
+                ...
+                advance(len(batch))
     """
     from rich.console import Console
     from rich.progress import (

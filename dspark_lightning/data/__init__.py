@@ -1,16 +1,6 @@
-"""Data: ShareGPT/OpenAI conversations (or, for targets without a chat template, completion records of a prompt and
-its continuation: ``data.format``, docs/design/data.md §1.5) -> tokenised, loss-masked, packed training samples.
+"""Data: conversations or completion records -> tokenised, loss-masked, packed training samples.
 
-The batch contract every training component relies on (a dict of tensors, one row per packed sample):
-
-    input_ids     LongTensor[b, S]  token ids; padding positions hold the tokenizer's pad id
-    loss_mask     BoolTensor[b, S]  True on supervised tokens only (assistant tokens, or completion tokens)
-    document_ids  LongTensor[b, S]  0..n-1 for the documents packed into the row, -1 on padding
-    position_ids  LongTensor[b, S]  position inside its own document (0 at every document start), 0 on padding
-
-The drafter's attention mask and rotary positions are derived from ``document_ids`` and ``position_ids``;
-the frozen target is run with a block-diagonal causal mask built from the same two fields.
-"""
+The record formats and the packed-batch contract every training component relies on: docs/design/data.md §1, §4."""
 
 from dspark_lightning import lazy_exports
 

@@ -1,44 +1,8 @@
-"""Offline target cache: run the frozen target once over the packed dataset, train many drafters from the result.
+"""Offline target cache: the format and the reader (``CachedFeatureDataset``) of the target's features.
 
-This module is the format and the reader (the data layer never loads a model); the writer, which runs the target, is
-``dspark_lightning.preparation.cache``. Usage (wired as ``dspark-lightning cache``)::
-
-    dspark-lightning cache --target Qwen/Qwen3-8B --data 'sharegpt/*.jsonl' --output cache/train \\
-        --seq_len 4096 --batch_size 8 [--layers '[1,17,33]' | --num_draft_layers 3] [--dtype bfloat16] [--limit N]
-
-then train with no target decoder in memory (``configs/cache.yaml``: ``data.train_cache`` / ``data.val_cache`` and
-``model.target.features: cache``).
-
-Format (``index.json`` + ``features-NNNNN.safetensors``): each shard holds ``--shard_size`` packed samples as
-tensors with a leading sample dimension, in the batch contract of ``dspark_lightning.data`` plus the target's
-features: ``input_ids`` / ``document_ids`` / ``position_ids`` int32 [n, S], ``loss_mask`` bool [n, S],
-``context_features`` [n, S, len(layers)*H] and ``final_hidden`` [n, S, H] (after the final norm) in ``--dtype``
-(bf16 by default), and the teacher statistics of format 2: ``final_logsumexp`` float32 [n, S] (the logsumexp of
-``lm_head(final_hidden)`` over the target's whole vocabulary, from the stored final hidden state) and ``final_argmax``
-int32 [n, S] (its argmax). ``index.json`` records the target, layer ids, shapes, dtype, the data options, per-shard
-sample counts and the data pass counters; ``complete`` is false until the last shard is written.
-
-Design choices:
-- Packing is exactly the training stream's (``ShareGPTDataModule`` with no shuffling, file order), so a cached sample
-  equals the online one; shuffling happens when reading (a permutation of sample indices per epoch).
-- Size estimate before the target is loaded: bytes per sample = S * (21 + (n + 1) * H * dtype bytes) (int32 ids,
-  document ids, positions, a bool mask, the two teacher statistics, then the features), times the number of samples from a count pass
-  (tokenise + pack only; ``--count_pass false`` skips it and prints the per-sample size alone). ``--dry_run`` stops there.
-- Resumable: the index is rewritten after every finished shard; rerunning the same command skips the samples of the
-  finished shards (the packed stream is deterministic) and continues. A different configuration in the same output
-  directory is an error rather than a silent mix.
-- Parallel writing: ``--num_jobs N --job_index i`` keeps packed samples i, i+N, ... (e.g. one job per GPU, each with
-  its own ``--output``); the reader takes a list of cache directories and treats them as one dataset.
-- Reading (``CachedFeatureDataset``): per epoch, the global sample list (shuffled with seed + epoch for training) is
-  dealt to ranks (rank r takes every world_size-th sample from r) and cut into batches; training truncates every rank
-  to the same number of samples (dropping fewer than world_size samples per epoch) so DDP ranks run the same number of
-  steps, evaluation drops nothing. Batches are then dealt to DataLoader workers round-robin, which is the order the
-  DataLoader yields them in, so the batch sequence is independent of ``num_workers``; resuming mid-epoch skips batches
-  by index without reading them. Samples are read lazily from memory-mapped shards (``safe_open``).
-- Versions: format 1 caches (no teacher statistics) stay readable; their batches carry no ``final_logsumexp`` /
-  ``final_argmax``, and training then evaluates the teacher's full-vocabulary LM head itself (docs/design/design.md §3.6).
-  A reader over several directories passes the statistics on only when every directory has them.
-"""
+The data layer never loads a model; the writer, which runs the target, is ``dspark_lightning.preparation.cache``.
+Format, size, resuming, parallel jobs and reading order: docs/design/data.md §6.2; the teacher statistics:
+docs/design/design.md §3.6."""
 
 from __future__ import annotations
 
@@ -154,7 +118,7 @@ def split_for_rank(num_samples: int, rank: int, world_size: int, even: bool) -> 
 
 
 class CachedFeatureDataset(TorchIterableDataset):
-    """Batches of cached samples for one rank (see module docstring); yields dicts in the batch contract."""
+    """Batches of cached samples for one rank (docs/design/data.md §6.2); yields dicts in the batch contract."""
 
     def __init__(
         self,

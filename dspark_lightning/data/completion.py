@@ -1,23 +1,6 @@
 """Completion records: a plain-text prompt and its continuation, for targets without a chat template (base models).
 
-Design choices (``docs/design/data.md`` §1.5 and §3.1):
-- A completion record is a JSON object ``{"prompt": str, "completion": str}`` with an optional ``id`` (string or
-  integer; other keys are ignored). The prompt may be empty (then the whole text is supervised); the completion must
-  hold more than whitespace. Without an ``id`` the record's id is ``sha1-`` + 20 hex digits of the pair.
-- Tokenisation follows generation, where a prompt is tokenised alone and the model appends its own tokens: the
-  prompt is tokenised as plain text exactly as the tokenizer does for any text (``add_special_tokens=True``: a BOS
-  where the tokenizer adds one, as Gemma's does; nothing for the demo tokenizer), the completion alone without special
-  tokens, and the document is the prompt's ids then the completion's, the completion's supervised. This differs from
-  tokenising the whole text where a token would straddle the seam: a code prompt ending in a newline followed by an
-  indented body is ``"\n" | "    return"`` when generated, ``"\n   " | " return"`` in the whole text. A tokenizer
-  for which the two pieces do not spell the text (one that puts a space before every text it is given) falls back to
-  the whole text with the chat path's overlap rule: a token is supervised when its characters overlap the completion,
-  so the prompt's tokens and the special tokens the tokenizer adds (offsets ``(0, 0)``) never are. No
-  end-of-sequence token is appended: a base model's continuation is usually cut at a length, not ended, and the record
-  does not say which.
-- Truncation and the per-document rules are the chat path's (``tokenize.finish_document``): the head is kept, and
-  ``over_max_length``, ``too_few_supervised_tokens`` and ``no_anchor_room`` count completion tokens.
-"""
+The record and how it is tokenised (as generation sees it): docs/design/data.md §1.5, §3.1."""
 
 from __future__ import annotations
 
@@ -104,7 +87,7 @@ def to_completion(raw: RawRecord) -> Completion:
 
 
 class CompletionEncoder:
-    """Tokenise, mask and truncate completion records with one tokenizer (see the module docstring)."""
+    """Tokenise, mask and truncate completion records with one tokenizer (docs/design/data.md §3.1)."""
 
     format = "completion"
 
@@ -121,7 +104,7 @@ class CompletionEncoder:
         return to_completion(raw)
 
     def ids_and_mask(self, prompt: str, completion: str) -> tuple[list[int], list[bool]]:
-        """Token ids of the prompt then the completion and the mask of the completion's tokens (module docstring):
+        """Token ids of the prompt then the completion and the mask of the completion's tokens (docs/design/data.md §3.1):
         tokenised apart when that spells the text exactly, else the whole text with the overlap mask."""
         prompt_ids = self.prompt_ids(prompt)
         completion_ids = list(self.tokenizer(completion, add_special_tokens=False)["input_ids"])

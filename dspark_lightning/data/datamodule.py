@@ -1,24 +1,6 @@
-"""``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations (or completion records,
-``format``: ``formats.py``, chosen once from the records and the tokenizer, never an invented chat template).
+"""``ShareGPTDataModule``: streamed, shuffled, sharded, tokenised and packed conversations or completion records.
 
-Design choices:
-- Records are streamed with ``datasets`` (``stream.py``: records -> validated -> tokenised -> packed rows); training
-  shuffles shards and records (``shuffle_buffer``, ``seed``, re-shuffled per epoch), validation reads in file order.
-- Sharding: ``split_dataset_by_node(rank, world_size)`` per DDP rank (whole shards when the shard count divides the
-  world size, otherwise every ``world_size``-th record), then ``datasets`` gives each DataLoader worker its own shards
-  (at most ``num_shards`` workers do work). Tokenisation and packing run after the split, inside each worker, so no
-  record is seen twice or skipped. Ranks can end up with different numbers of packed rows: under DDP bound the epoch
-  with ``limit_train_batches`` / ``max_steps`` so every rank runs the same number of steps.
-- The epoch passed to ``set_epoch`` is the trainer's ``current_epoch`` when a trainer is attached, otherwise the number
-  of times that training loader has been iterated.
-- Counting with workers (``accounting.py``, reported by ``reports.py``): exact per-worker counts; ``data_stats`` /
-  ``bad_record_counts`` report this rank's last (or current) pass, logged when the loader is exhausted and summarised
-  by ``teardown``; a pass with no row is an error listing the skips by reason. Eval prompts are read apart, uncounted.
-- ``setup`` sniffs every local file of the splits it will read (``files.py``) so an unreadable file fails before the
-  first step, not hours into training.
-- Offline target cache (``train_cache`` / ``val_cache``, ``cache.py``): such a split reads packed samples *with* the
-  target's features instead of records; the tokenizer still gives the mask/pad ids and the eval prompts.
-"""
+Streaming, sharding, counting and resuming: docs/design/data.md §5; the data format: §1.5; cached splits: §6.2."""
 
 from __future__ import annotations
 
@@ -50,8 +32,11 @@ logger = logging.getLogger(__name__)
 
 
 class ShareGPTDataModule(DataReports, L.LightningDataModule):
-    """Streams ShareGPT / OpenAI-style conversations (or completion records) into packed, loss-masked rows (see the
-    module docstring)."""
+    """Streams ShareGPT / OpenAI-style conversations (or completion records) into packed, loss-masked rows.
+
+    Streaming, sharding, counting and resuming: docs/design/data.md §5; the batches it yields: §4. The arguments are
+    documented on ``__init__``.
+    """
 
     def __init__(
         self,

@@ -1,13 +1,6 @@
 """Local data files before any record is parsed: bounded line reading, layout and encoding sniffing, the setup check.
 
-- Lines are read with ``readline(limit)``: a line longer than ``max_record_bytes`` is drained in 1 MiB pieces and
-  reported by size only, so it never exists in memory as a whole.
-- The layout is judged from the first ``SNIFF_LINES`` non-blank lines, not from line 1 alone: JSON Lines when the
-  file starts with ``{`` and at least half of those lines are complete JSON objects (an over-long line starting with
-  ``{`` counts as one), a JSON array when it starts with ``[``, otherwise concatenated / pretty-printed JSON values.
-- Encoding: UTF-8 only. A UTF-8 byte-order mark is accepted and stripped (editors on Windows write one); a UTF-16 or
-  UTF-32 byte-order mark, or a first line that is not UTF-8, is an error naming the file.
-"""
+Design: docs/design/data.md §1.2."""
 
 from __future__ import annotations
 
@@ -105,7 +98,7 @@ def skip_bom(handle: IO[bytes], path: str) -> bool:
 
 
 def sniff_file(path: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> FileLayout:
-    """Open ``path`` and decide its layout and encoding from its first lines (see the module docstring)."""
+    """Open ``path`` and decide its layout and encoding from its first lines (docs/design/data.md §1.2)."""
     try:
         with open_binary(path) as handle:
             bom = skip_bom(handle, path)

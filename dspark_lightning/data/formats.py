@@ -1,20 +1,7 @@
-"""The data format of a run: ``chat`` (conversations in the target's chat template) or ``completion`` (plain-text
-prompt and continuation), chosen explicitly or by ``auto``, and never a chat template invented for a target without
-one (``docs/design/data.md`` §1.5).
+"""The data format of a run: ``chat`` or ``completion``, chosen explicitly or by ``auto``, never an invented chat
+template.
 
-Design choices:
-- ``auto`` looks at the records: the first record of the first readable data file (or hub row) that is a
-  conversation or a completion record decides. Completion records -> ``completion``. Conversations -> ``chat`` when
-  the tokenizer has a chat template; a tokenizer without one is a :class:`DataFormatError` naming ``data.format``
-  and how to get completion records, never a made-up template. No record to look at (empty files, training from
-  caches only) -> the format the caches were written from, else ``chat`` with a chat template and ``completion``
-  without. Caches written from the other format than the one chosen are an error.
-- An explicit format is checked the same way: ``chat`` needs a chat template, and the first record must be of the
-  format asked for (a whole file of the other kind is named at once, instead of every record being skipped).
-  Records of the other kind later in the data are bad records (``format_mismatch``), counted and named like any other.
-- The choice is logged (a warning when the tokenizer has no chat template, so it is seen) and its description
-  (:meth:`FormatChoice.describe`) is what ``fit`` saves next to the run's config (``data_format.json``).
-"""
+Design: docs/design/data.md §1.5."""
 
 from __future__ import annotations
 
@@ -116,7 +103,7 @@ def resolve_format(
     where: str,
     option: str = "data.format",
 ) -> FormatChoice:
-    """The format to read the records in (see the module docstring); ``detected`` is the kind of the first record
+    """The format to read the records in (docs/design/data.md §1.5); ``detected`` is the kind of the first record
     (at ``where``), None when there was none to look at. Raises :class:`DataFormatError`; logs the choice."""
     if requested not in DATA_FORMATS:
         raise DataFormatError(f"{option} must be one of {', '.join(DATA_FORMATS)}, got {requested!r}")

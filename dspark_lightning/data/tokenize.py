@@ -1,25 +1,6 @@
 """Conversations -> token ids + assistant loss mask (chat template), and packing into fixed-length rows.
 
-Design choices:
-- The target's own chat template renders every conversation. When the template marks assistant content with
-  ``{% generation %}`` the loss mask is transformers' ``return_assistant_tokens_mask`` (every token overlapping a
-  generation span; for the demo template that is the reply and its closing ``<|im_end|>``).
-- Fallback for templates without generation markers (e.g. the official Qwen3 template): render the whole
-  conversation to text, locate each message's content in order (each search starts where the previous message's
-  content ended, so a reply quoted in an earlier turn is never matched), and mark the assistant content plus an
-  end-of-turn token (``tokenizer.eos_token``) that immediately follows it; tokens are then marked by character
-  overlap, exactly as transformers does for generation spans. Template-added wrappers inside an assistant turn (a
-  Qwen3 ``<think>`` block, a role header) are not supervised. A conversation whose content cannot be located (a
-  template that rewrites content) is a bad record ``chat_template_error``.
-- Truncation keeps the head of a conversation: ``min(max_length, seq_len)`` tokens. A truncated conversation with no
-  supervised token left is ``over_max_length``; fewer than ``min_supervised_tokens`` is
-  ``too_few_supervised_tokens``; with ``block_size > 0`` a conversation where no supervised position ``p`` leaves a
-  whole draft block inside the document (``p + block_size < length``) is ``no_anchor_room`` — the drafter could not
-  draw a single anchor from it.
-- Packing is first-fit over a few open rows (default 4): a document goes into the first open row with room, else the
-  fullest open row is emitted and a new one opened. Deterministic, never splits a document, and wastes less than
-  next-fit. Every row is exactly ``seq_len`` long (padding: pad id, loss 0, document id -1, position 0).
-"""
+The loss mask and truncation: docs/design/data.md §3; packing: §4; the per-document reasons: §2."""
 
 from __future__ import annotations
 
@@ -174,7 +155,7 @@ def assistant_spans_by_search(text: str, messages: Sequence[dict[str, str]], end
 
 
 class ConversationEncoder:
-    """Render, tokenise, mask and truncate conversations with one tokenizer (see the module docstring)."""
+    """Render, tokenise, mask and truncate conversations with one tokenizer (docs/design/data.md §3)."""
 
     format = "chat"
 
@@ -271,7 +252,7 @@ class _OpenRow:
 
 
 class SequencePacker:
-    """First-fit packing of tokenised documents into rows of exactly ``seq_len`` tokens (see the module docstring)."""
+    """First-fit packing of tokenised documents into rows of exactly ``seq_len`` tokens (docs/design/data.md §4)."""
 
     def __init__(self, seq_len: int, pad_token_id: int, open_rows: int = 4):
         if seq_len < 1 or open_rows < 1:

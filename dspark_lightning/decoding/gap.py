@@ -1,19 +1,6 @@
 """Where the train/serve acceptance gap comes from: the training metric, moved one step at a time to measured tau.
 
-Greedy tau under the training metric (1 + leading run of drafted tokens equal to the target's argmax,
-``val/greedy_tau``), over the first ``max_new_tokens`` response tokens of each eval prompt:
-  (a) on the validation text (the dataset's reply), previous tokens from the text, anchors every ``stride`` tokens
-      (default 1: every position, the unbiased per-position mean with the least noise; validation uses stride B);
-  (b) on the target's own greedy reply instead (what decoding verifies against);
-  (c) with the Markov head fed the drafter's own previous choices (sequential decode inside the forward);
-  (d) anchored where decoding anchored (the block starts of ``speculative_generate``).
-(d) equals the measured tau by the identity of ``decoding.identity``: each step's delta is what that one
-difference costs, and nothing is left unexplained. Greedy tau does not depend on the previous tokens after the first
-rejection, and before it the drafter's own tokens are the text's: (c) equals (b) by construction for greedy tau (the
-step is kept so that the table shows it). (c) -> (d) is where decoding puts its blocks: a block starts right after the
-previous one ended, so positions inside a long accepted block are never anchors. The footnote's harmonic mean of
-(c)'s blocks is what tokens per forward would be if acceptance were constant over stretches of text.
-"""
+The four steps and why each delta is what one difference costs: docs/design/design.md §7.9."""
 
 from __future__ import annotations
 

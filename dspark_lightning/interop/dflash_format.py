@@ -1,12 +1,7 @@
-"""The speculators DFlash format (``export --format dflash``): what vLLM's ``dflash`` method serves, on CPU too.
-
-It is the DSpark export (``speculators_format``) without what DFlash has no place for: ``speculators_model_type`` and
-``speculators_config.algorithm`` ``dflash``, ``architectures: ["DFlashDraftModel"]`` (what vLLM's ``update_dflash``
-sets anyway), no Markov or confidence fields or tensors. The same backbone tensors, ``lm_head`` / ``d2t`` / ``t2d``
-with a reduced draft vocabulary, ``is_causal: false`` and ``sliding_window_non_causal: true``. Only a drafter whose
-drafts do not depend on what is dropped is written: no Markov head (the confidence head only schedules), and
-``sample_from_anchor: false``, since vLLM's DFlash proposer always spends slot 0 on the anchor (a bonus query).
-"""
+"""The speculators DFlash format (``export --format dflash``), which vLLM's ``dflash`` method serves, on CPU too: the
+DSpark export without Markov or confidence fields and tensors, ``architectures: ["DFlashDraftModel"]``, non-causal.
+Written only for drafts that do not depend on what is dropped: no Markov head and ``sample_from_anchor: false`` (vLLM's
+DFlash proposer always spends slot 0 on the anchor). Field by field: docs/guides/serve_with_vllm.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""``serve-check``: serve an export with vLLM and with this project's own decoding loop on the same prompts, greedy,
-and compare outputs and acceptance counts; and check that vLLM's own drafter class loads every tensor as written.
-
-vLLM runs in its own interpreter (``--vllm_python`` or ``DSPARK_VLLM_PYTHON``) as a subprocess running
-``vllm_worker.py``, on token ids this side tokenized, so both sides decode the same inputs. Where the engine cannot
-run the method here (vLLM's ``dspark`` needs Model Runner V2, so a GPU), serving is skipped in one line and the load
-check still runs. tau is printed in both conventions: accepted + 1 per verify step, and speculators' EAL (accepted
-drafts per step, no bonus token).
-"""
+"""``serve-check``: vLLM and this project's loop on the same token ids, greedy; outputs, counts per slot and tau
+(accepted + 1 per step, and speculators' EAL without the bonus token) compared, and vLLM's own drafter class loaded
+from the export with every tensor checked. vLLM runs in its own interpreter (``--vllm_python`` / ``DSPARK_VLLM_PYTHON``)
+as a subprocess (``vllm_worker.py``); where it cannot run the method here (``dspark`` needs a GPU), serving is skipped
+in one line and the load check still runs. How to read it: docs/guides/serve_with_vllm.md."""
 
 from __future__ import annotations
 

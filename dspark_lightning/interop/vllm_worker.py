@@ -1,12 +1,7 @@
-"""The vLLM side of ``serve-check``, run as a script by the vLLM interpreter (``python vllm_worker.py JOB.json``):
-it imports vLLM, torch and safetensors only, never this package (vLLM pins its own versions, in its own venv).
-
-``load``: vLLM's own drafter class for the export's method (``Qwen3DSparkForCausalLM`` / ``DFlashQwen3ForCausalLM``)
-built from the export and its weights loaded by its ``load_weights``; every parameter compared with the export's
-tensors (fused ``qkv_proj`` / ``gate_up_proj`` as their concatenation). The V1 runner gate (DSpark is V2-only) is
-bypassed for the build only. ``serve``: ``vllm.LLM`` with the export as its speculative model, greedy, on token ids;
-the generated ids and the spec-decode counters (drafts, drafted, accepted per position) are written to the result.
-"""
+"""The vLLM side of ``serve-check`` (``python vllm_worker.py JOB.json`` in the vLLM interpreter; it imports vLLM,
+torch and safetensors only). ``load``: vLLM's drafter class built from the export, every parameter compared (fused
+``qkv_proj`` / ``gate_up_proj`` as concatenations; the V1 runner gate bypassed for the build only). ``serve``:
+``vllm.LLM`` with the export as its speculative model, greedy; the ids and spec-decode counters go to the result."""
 
 from __future__ import annotations
 

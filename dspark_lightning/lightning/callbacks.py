@@ -1,14 +1,15 @@
-"""Callbacks that turn validation metrics into charts and tables.
+"""Callbacks that turn validation metrics into charts and tables, and measure decoding during training.
 
-The LightningModule computes and logs the scalar metrics itself (``val/tau``, ``val/accept_rate/slot_3`` ...) and
-keeps the last computed values on ``pl_module.last_validation``; the chart callbacks only *draw* from that, in
-``on_validation_end`` (which runs after the module's epoch-end hook, unlike the callbacks' own epoch-end hook).
-Callbacks that log must do it in ``on_validation_epoch_end``, before the module's hook: they read this validation's
-numbers from the metric itself (``this_validation_tau``), and check for SIGTERM between units of work.
-
-Images go to W&B when a ``WandbLogger`` is attached, and are always saved as PNG under ``<log_dir>/plots`` so a
-run directory is self-contained (the analysis notebooks read them from there).
+What they log and draw: docs/design/design.md §7.6-§7.8. Figures go to W&B when a ``WandbLogger`` is attached and are
+always saved under ``<log_dir>/plots`` (``publish_figure``).
 """
+
+# Hook order. The LightningModule computes and logs the scalar metrics itself (``val/tau``,
+# ``val/accept_rate/slot_3`` ...) and keeps the last computed values on ``pl_module.last_validation``; the chart
+# callbacks only *draw* from that, in ``on_validation_end`` (which runs after the module's epoch-end hook, unlike the
+# callbacks' own epoch-end hook). Callbacks that log must do it in ``on_validation_epoch_end``, before the module's
+# hook: they read this validation's numbers from the metric itself (``this_validation_tau``), and check for SIGTERM
+# between units of work (``stop_requested``).
 
 from __future__ import annotations
 
@@ -53,7 +54,10 @@ def parameters_sharded(trainer: L.Trainer) -> bool:
 
 
 def publish_figure(trainer: L.Trainer, fig, key: str) -> str:
-    """Save ``fig`` as ``<log_dir>/plots/<key>_step<global_step>.png`` and log it to W&B if present."""
+    """Save ``fig`` as ``<log_dir>/plots/<key>_step<global_step>.png`` and log it to W&B if present.
+
+    Always saved as PNG, so a run directory is self-contained (the analysis notebooks read the plots from there).
+    """
     name = key.replace("/", "_")
     path = plotting.save(fig, run_directory(trainer) / "plots" / f"{name}_step{trainer.global_step:06d}.png")
     if trainer.is_global_zero:

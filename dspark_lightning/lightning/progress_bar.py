@@ -1,14 +1,4 @@
-"""A rich progress bar that counts what ends a run: optimizer steps of ``trainer.max_steps``.
-
-The data stream has no fixed length, so runs are bounded by ``max_steps`` and Lightning sets ``max_epochs`` to -1:
-its ``RichProgressBar`` then shows ``Epoch 3/-2``, restarts its count at every pass over the data and gives no ETA.
-``StepProgressBar`` (what the shipped configs use) keeps one bar for the whole run, ``global_step / max_steps`` with
-elapsed time and ETA, names the pass as ``epoch N`` without a bogus bound, and leaves out ``v_num`` (the logger's
-version, shown by Lightning as a metric: ``v_num: 0.000``; the run directory already says it). Without a
-``max_steps`` it behaves like ``RichProgressBar``. Off a terminal (``nohup``, a batch job's log) rich draws nothing
-until the run ends, so a line ``fit: 300/1200 steps, 5:02 elapsed, ETA 15:06 | <metrics>`` is written at most every
-``progress.LOG_EVERY_S`` seconds instead.
-"""
+"""A rich progress bar that counts what ends a run: optimizer steps of ``trainer.max_steps`` (``StepProgressBar``)."""
 
 from __future__ import annotations
 
@@ -20,7 +10,17 @@ from dspark_lightning import progress
 
 
 class StepProgressBar(RichProgressBar):
-    """``RichProgressBar`` over optimizer steps of ``trainer.max_steps`` (see the module docstring)."""
+    """``RichProgressBar`` over optimizer steps of ``trainer.max_steps``; what the shipped configs use.
+
+    The data stream has no fixed length, so runs are bounded by ``max_steps`` and Lightning sets ``max_epochs`` to -1:
+    its ``RichProgressBar`` then shows ``Epoch 3/-2``, restarts its count at every pass over the data and gives no ETA.
+    This bar keeps one bar for the whole run, ``global_step / max_steps`` with elapsed time and ETA, names the pass as
+    ``epoch N`` without a bogus bound, and leaves out ``v_num`` (the logger's version, shown by Lightning as a metric:
+    ``v_num: 0.000``; the run directory already says it). Without a ``max_steps`` it behaves like ``RichProgressBar``.
+    Off a terminal (``nohup``, a batch job's log) rich draws nothing until the run ends, so a line
+    ``fit: 300/1200 steps, 5:02 elapsed, ETA 15:06 | <metrics>`` is written at most every ``progress.LOG_EVERY_S``
+    seconds instead.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

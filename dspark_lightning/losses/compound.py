@@ -1,32 +1,8 @@
-"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.losses.terms`, confidence BCE.
+"""Draft-model losses: the compound loss over the terms of :mod:`dspark_lightning.losses.terms`, and the confidence BCE.
 
-Conventions (docs/design/losses.md §1). Rows are the N = (#blocks)·B draft predictions, flattened or shaped ``[Nb, B]``.
-``draft_logits[..., Vd]`` may be any float dtype (bf16 included); the teacher is ``teacher_logprobs[..., Vd]``, the target's log-softmax over its *full*
-vocabulary gathered at the draft vocabulary ids, so when Vd < V the teacher p = exp(teacher_logprobs) is
-sub-normalised (Σp ≤ 1). q = softmax(draft_logits); α = Σ_v min(p_v, q_v) is the probability that a draft token
-sampled from q is accepted by the target.
-
-Terms (definitions, sub-normalised behaviour and gradients in :mod:`dspark_lightning.losses.terms`): ``kl`` (forward
-KL), ``tv`` (1 − α), ``ce`` (to the teacher's argmax), ``rkl`` (reverse KL), ``js`` (Jensen-Shannon), ``nla``
-(negative log-acceptance −log α), ``lk_hybrid`` (λ·kl + (1 − λ)·tv, λ = exp(−η·sg[α])). A loss spec is a dict such
-as ``{"ce": 0.1, "tv": 0.9}`` or ``{"lk_hybrid": 1.0, "ce": 0.1}``. The total is a weighted masked mean over rows:
-``loss = Σ_r W_r·L_r / Σ_r W_r`` with W_r = row_weight_r·valid_r (times the D-PACE weight when used) and
-L_r = Σ_c spec[c]·L_c,r; when Σ W = 0 the loss is 0, still connected to the logits so that backward works.
-
-Memory. :func:`compound_loss` is a custom ``torch.autograd.Function``: its forward walks row chunks, computes in fp32
-(fp64 for fp64 logits) each chunk's loss values *and* the analytic gradient of the weighted loss w.r.t. that chunk's
-logits, and writes the gradient, in the logits' dtype, into one preallocated ``[N, Vd]`` buffer. Backward scales that
-buffer by ``grad_output`` in place and returns it, so the peak extra memory is one logits-dtype ``[N, Vd]`` tensor plus
-O(chunk·Vd) fp32 temporaries (no more for any single term than for the default spec; rkl/js combined with
-the min-based terms add one); the logits and the teacher need not stay alive until
-backward. Under ``no_grad`` no buffer is allocated.
-
-Because the buffer is consumed in place, a graph built by :func:`compound_loss` can be back-propagated once; pass
-``retain_grad_buffer=True`` for repeated backward (``retain_graph=True``, ``gradcheck``) at the cost of one more
-``[N, Vd]`` tensor during backward. Double backward is not supported. The teacher gets no gradient.
-
-Position weights and D-PACE live in :mod:`dspark_lightning.losses.position_weighting`.
-"""
+Conventions, the weighted masked mean, the chunked custom Function and its memory, the confidence loss:
+docs/design/losses.md §1, §3, §5, §8. Position weights and D-PACE live in
+:mod:`dspark_lightning.losses.position_weighting`."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
 """Per-slot weights of the drafter losses: static position weights and D-PACE.
 
-The ``position_weighting`` options (``model.loss.position_weighting``; static part: :func:`position_weights`):
-``exp`` w_k = exp(−k/γ) when ``sample_from_anchor`` (all B slots are trained); in the DFlash form slot 0 is the
-untrained bonus token: w_0 = 0 and w_k = exp(−(k−1)/γ). ``uniform``: ones (slot 0 zero in the DFlash form).
-``dpace``: the same static 0/1 slot mask as ``uniform``; the dynamic part is computed inside the loss
-(``compound_loss(..., position_weighting="dpace")``), because it needs the current α.
-
-D-PACE (Wu et al., "D-PACE: Dynamic Position-Aware Cross-Entropy for Parallel Speculative Drafting",
-arXiv:2605.18810; reference code github.com/Lucas-TY/D-PACE). The expected accepted length of a block is surrogated by
-L = Σ_m Π_{j≤m} a_j with a smoothed per-slot acceptance a_j = (1 − λ)·s_j + λ (λ = ``dpace_smoothing``, 0.5 in the
-paper). Since ∂L/∂log a_k = Σ_{m≥k} Π_{j≤m} a_j, slot k's loss is weighted by that suffix sum of prefix products,
-detached: w_k = Σ_{m≥k, m trained} Π_{j≤m} a_j, where untrained/invalid slots count as 1 inside the products and 0
-in the sums (as in the reference code). The paper's s_j is the draft probability of the data token; with a teacher
-distribution available, the matching quantity is the acceptance probability α_j = Σ min(p, q), so we use the detached
-α of the current batch. We normalise the weights to mean 1 over trained slots (a constant factor that the masked mean
-removes anyway; the reference divides by the batch size instead), so only the relative weighting across slots — which
-is what D-PACE defines — matters, and loss magnitudes stay comparable with the static weightings.
-"""
+Design: docs/design/losses.md §6 (static weights), §7 (D-PACE, computed inside the loss because it needs the
+current α)."""
 
 from __future__ import annotations
 
@@ -36,7 +21,7 @@ def position_weights(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Static per-slot weights ``[block_size]`` (see the module docstring for the two anchor conventions)."""
+    """Static per-slot weights ``[block_size]`` (the two anchor conventions: docs/design/losses.md §6)."""
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
     if position_weighting not in POSITION_WEIGHTINGS:

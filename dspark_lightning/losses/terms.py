@@ -1,39 +1,6 @@
 """The drafter loss terms: per-row values and analytic logit gradients of one row chunk, and the autograd reference.
 
-Notation: q = softmax(z) (the draft, always normalised), p = exp(teacher_logprobs), S = Σ_v p_v ≤ 1 (S < 1 when the
-draft vocabulary is smaller than the target's: p is the target's full-vocabulary distribution gathered at the draft
-ids), α = Σ_v min(p_v, q_v), t = argmax_v p_v. For every term but ``ce`` the renormalised teacher p/S is a stationary
-point; with S = 1 (and q = p) every term but ``ce`` is 0 with zero gradient.
-
-* ``kl``  Σ p (log p − log q). S < 1: = S·KL(p/S ‖ q) + S log S; minimised at q = p/S.
-* ``tv``  1 − α (= ½Σ|p − q| when S = 1). S < 1: ≥ 1 − S, reached by any q ≥ p elementwise (q = p/S included).
-* ``ce``  −log q_t.
-* ``rkl`` reverse KL Σ q (log q − log p). S < 1: = KL(q ‖ p/S) − log S ≥ −log S, minimised at q = p/S (the same
-  gradient as against p/S). Needs log p finite where q > 0 (teacher log-softmax outputs are); a −inf gives inf.
-* ``js``  Jensen-Shannon ½Σ p log(p/m) + ½Σ q log(q/m), m = (p + q)/2, with log m = logaddexp(log p, log q) − log 2.
-  Bounded: 0 ≤ js ≤ ½(1 + S) log 2 ≤ log 2 (each summand is ≤ its mass × log 2; ≥ 0 by the log-sum inequality).
-  S < 1: minimised at q = p/S, where it is ½[S log(2S/(1+S)) + log(2/(1+S))] > 0. ∂js/∂q_v = ½ log(q_v/m_v) is
-  finite as p_v → 0 (→ ½ log 2) and, multiplied by q_v, vanishes as q_v → 0, so the logit gradient stays finite.
-* ``nla`` negative log-acceptance −log max(α, ε), ε = ``nla_alpha_min``. Its gradient is TV's scaled by 1/α (large
-  where the draft is poor, so it learns from a cold start), zero where the clamp is active. Point-mass teacher:
-  α = q_t, so nla = ce. S < 1: ≥ −log S, reached like tv's minimum.
-* ``lk_hybrid`` λ·kl + (1 − λ)·tv, λ = exp(−η·sg[α]) (η = ``lk_eta``, sg = stop-gradient): KL while the draft is
-  poor, TV as α grows. η = 0 gives kl; η → ∞ gives tv. S < 1: both parts are stationary at q = p/S.
-
-``nla`` and ``lk_hybrid`` follow Samarin et al., "LK Losses: Direct Acceptance Rate Optimization for Speculative
-Decoding" (arXiv:2602.23881): the clamp of α inside the log (value and gradient of −log clamp_min(α, ε)) and the
-stop-gradient on α in the hybrid weight are part of their definitions there; η = 3 is the paper's default, ε = 1e-6
-is this framework's default (both are model options: ``model.loss.lk_eta``, ``model.loss.nla_alpha_min``).
-
-Logit gradients (z ↦ q = softmax z): a term f(q) with ∂f/∂q = h has ∂f/∂z = q ⊙ (h − Σ_v q_v h_v). With spec weights
-w and per-row c_kl = w_kl + w_lk·λ, c_tv = w_tv + w_nla·[α ≥ ε]/max(α, ε) + w_lk·(1 − λ) the whole gradient is
-
-    g = q ⊙ (a + w_rkl·(log q − log p) + w_js·½(log q − log m)) − c_kl·p − c_tv·(m_tv ⊙ q) − w_ce·onehot(t)
-    a = w_ce + c_kl·S + c_tv·Σ m_tv q − w_rkl·rkl − w_js·½Σ q (log q − log m)
-
-with m_tv,v = 1 if q_v < p_v, ½ if q_v = p_v, 0 otherwise (the kink of min: each side gets half, like
-``torch.minimum``'s autograd, so the analytic gradient and the autograd reference agree exactly).
-"""
+Definitions and minima under a sub-normalised teacher: docs/design/losses.md §2, §2.1; the gradients: §4, §4.1."""
 
 from __future__ import annotations
 

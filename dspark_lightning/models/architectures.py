@@ -1,12 +1,8 @@
-"""Which targets the decoding loop and the feature extraction can serve, decided from the model class and its config.
-
-``check_target_supported`` raises a one-line ``UnsupportedError`` naming the model type and what stands in the way,
-before decoding starts and before ``fit`` / ``cache`` take their first step: a cache whose layers cannot be rolled
-back after a rejected draft, a forward without ``position_ids``, an encoder-decoder. Recurrent (linear-attention)
-layers are accepted for the model types whose rollback is tested here (``ROLLBACK_TESTED``, via transformers'
-``recurrent_states_to_keep``); any other is refused rather than guessed. ``carries_recurrent_state`` says whether
-packed rows must be run one document at a time (``FrozenTarget.features``).
-"""
+"""Which targets the decoding loop and the feature extraction can serve, from the model class and its config:
+``check_target_supported`` raises a one-line ``UnsupportedError`` (model type and reason) before decoding or the first
+step of ``fit`` / ``cache``; recurrent layers are accepted only for the types whose rollback is tested
+(``ROLLBACK_TESTED``), and ``carries_recurrent_state`` says when packed rows run one document at a time.
+The matrix and the refusals: docs/guides/supported_targets.md."""
 
 from __future__ import annotations
 

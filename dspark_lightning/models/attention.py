@@ -1,13 +1,7 @@
 """Draft attention: block queries read [target context features ; block tokens] as keys and values.
 
-The visibility rule and rotary positions are in docs/design/design.md §2.3: a block query sees the earlier context of its
-own document and every slot of its own block, nothing else. ``BlockVisibility`` is the single description of that
-rule, from which both backends are built so they cannot drift apart: ``sdpa`` (a dense boolean mask; has a CPU
-backward, so it is the CPU training path) and ``flex`` (a FlexAttention ``BlockMask``, compiled on CUDA; the dense
-mask is O(Q * (S+Q)) booleans per row, too large at GPU sizes); ``auto`` = flex on CUDA, sdpa elsewhere.
-
-Qwen3 details kept: per-head RMSNorm on queries and keys before rotary, grouped-query attention, no biases.
-"""
+``BlockVisibility`` is the one description of the visibility rule, from which both backends (``sdpa``, ``flex``) are
+built. Design: docs/design/design.md §2.2, §2.3."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The DFlash block-parallel draft backbone.
+"""The DFlash block-parallel draft backbone: fused target context, Qwen3-style draft layers.
 
-The backbone fuses the target's hidden states at ``target_layer_ids`` once (``fc`` + ``hidden_norm``) and runs
-Qwen3-style draft layers whose attention reads [fused context ; block tokens] (``attention.py``); blocks are
-[x_p, MASK, ..., MASK] at sampled anchors p (``anchors.py``; docs/design/design.md §2). The design choice that matters: the
-draft layers have the target's hidden size and Qwen3 parameter names, so the target's embedding and LM head are reused
-frozen and export is a renaming.
-Sliding-window layers (``sliding_window`` W, ``layer_types``): a block anchored at p sees context p - W .. p - 1 of
-its document and its own block (the speculators DSpark rule); one mask per layer type from the same ``BlockVisibility``.
-"""
+Design: docs/design/design.md §2 (sliding-window draft layers: §2.2)."""
 
 from __future__ import annotations
 
@@ -141,7 +134,14 @@ class DraftDecoderLayer(nn.Module):
 
 
 class DFlashBackbone(nn.Module):
-    """Fused target context + draft layers + final norm: block embeddings -> draft hidden states."""
+    """Fused target context + draft layers + final norm: block embeddings -> draft hidden states.
+
+    docs/design/design.md §2.
+
+    Args:
+        config: the draft backbone's shape (``BackboneConfig``): hidden size, layers, heads, rotary base, the number
+            of target context layers fused by ``fc``, the attention backend and the sliding-window layer types.
+    """
 
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()

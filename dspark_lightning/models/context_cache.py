@@ -1,14 +1,6 @@
-"""The drafter's projected context for a growing prefix, kept across decoding steps.
+"""The drafter's projected context for a growing prefix, kept across decoding steps (``DraftContextCache``).
 
-Per prefix token the cache holds the fused target features (``fc`` + ``hidden_norm``) and, for every draft layer,
-that token's context key (after ``k_norm`` and rotary, exactly as the layer uses it) and value. ``extend`` projects
-only the new tokens; ``crop`` drops a suffix, like ``DynamicCache.crop`` does for the target. A draft step then
-costs the block's own projections plus attention over the cached keys, instead of re-projecting the whole prefix.
-
-Buffers grow by doubling, and each layer's buffers keep room after the prefix where a draft step writes the
-block's keys/values: attention reads one contiguous [prefix ; block] view without concatenating (and copying)
-the prefix every step.
-"""
+Design: docs/design/design.md §8.1."""
 
 from __future__ import annotations
 
@@ -16,7 +8,23 @@ import torch
 
 
 class DraftContextCache:
-    """Cached drafter context for ``batch`` rows sharing one prefix length (``length`` tokens)."""
+    """Cached drafter context for ``batch`` rows sharing one prefix length (``length`` tokens).
+
+    Per prefix token the cache holds the fused target features (``fc`` + ``hidden_norm``) and, for every draft layer,
+    that token's context key (after ``k_norm`` and rotary, exactly as the layer uses it) and value. ``extend``
+    projects only the new tokens; ``crop`` drops a suffix, like ``DynamicCache.crop`` does for the target. A draft
+    step then costs the block's own projections plus attention over the cached keys, instead of re-projecting the
+    whole prefix. Buffers grow by doubling, and each layer's buffers keep room after the prefix where a draft step
+    writes the block's keys/values: attention reads one contiguous [prefix ; block] view without concatenating (and
+    copying) the prefix every step.
+
+    Args:
+        backbone (DFlashBackbone): the drafter's ``DFlashBackbone`` whose ``fc``, norms and key/value projections fill the cache.
+        batch: rows decoded together (they share one prefix length).
+        device (torch.device | str | None): device of the buffers.
+        dtype: dtype of the buffers.
+        capacity: positions reserved up front (prefix + one draft block); grown by doubling when exceeded.
+    """
 
     def __init__(self, backbone, batch: int = 1, device=None, dtype: torch.dtype = torch.float32, capacity: int = 256):
         config = backbone.config

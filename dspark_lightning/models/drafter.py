@@ -1,22 +1,7 @@
 """DSparkDrafter: the DFlash backbone plus the optional Markov and confidence heads, in one ``nn.Module``.
 
-``forward`` (training) takes a packed batch and the frozen target's features and returns, per sampled block, draft
-logits (base + Markov bias), confidence logits, teacher log-probabilities and validity masks. ``draft`` (inference)
-returns one block of base logits and hidden states after a prefix; the decoding modes live in ``selector/`` and ``decoding/``.
-
-Conventions (docs/design/design.md §3.1, §3.6):
-- ``sample_from_anchor=True`` (DSpark): slot k predicts the token at p+k+1, its previous token is x_{p+k}.
-  ``False`` (DFlash): slot k predicts the token at p+k; slot 0 is the bonus token and is never trained
-  (``first_trained_slot == 1``), so its row is invalid in every mask.
-- The teacher of the token at position t is the target's distribution from its final hidden state at t-1; the
-  target's LM head runs only at those A*B positions, and over the draft rows only when the full-vocabulary
-  logsumexp and argmax come with the features (``TeacherStats``, ``models/teacher.py``).
-- The drafter holds the target's input embedding and LM head as frozen submodules (shared objects, not copies);
-  a trainer should keep them out of checkpoints because they are re-loaded from the target.
-- Token ids are target ids everywhere outside the output layer; with a ``DraftVocab`` the base logits cover the
-  Vd draft tokens (rows ``d2t`` of the target LM head, or a trained ``draft_lm_head`` initialised from them) and
-  teacher log-probs are the target's full-vocabulary log-softmax gathered at ``d2t`` (sub-normalised).
-"""
+``forward`` is the training form, ``draft`` the inference form; the decoding modes live in ``selector/`` and
+``decoding/``. Design: docs/design/design.md §2 (inference: §2.4), §3.1 and §3.6 (conventions and the teacher)."""
 
 from __future__ import annotations
 
@@ -244,7 +229,7 @@ class DSparkDrafter(nn.Module):
         markov_prev: str = "teacher",
         teacher_stats: TeacherStats | None = None,
     ) -> DrafterOutput:
-        """Teacher-forced training forward over a packed batch (shapes in the data package docstring).
+        """Teacher-forced training forward over a packed batch (the batch contract: docs/design/data.md §4).
 
         ``teacher_stats``: the full-vocabulary logsumexp and argmax per position of ``final_hidden`` (from a feature
         cache): the teacher then evaluates the LM head on the draft rows only (docs/design/design.md §3.6).

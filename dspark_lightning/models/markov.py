@@ -1,17 +1,7 @@
 """The Markov head: a low-rank logit bias from the previous token of the block.
 
-DFlash drafts a block in one pass, so slot k never sees the token drafted at slot k-1; the head adds a rank-r bias
-W2^T u(a, h_k) from the previous token a (a target id) to the base logits. Forms ``vanilla``, ``gated`` (gate forms
-by ``gate_input`` x ``gate_activation``; an identity gate has no bias) and ``rnn``, with their equations:
-docs/design/design.md §4. Module names are the checkpoint keys: ``markov_w1`` (Embedding(V, r)), ``markov_w2``
-(Linear(r, Vd, bias=False): weight W2^T [Vd, r], zero-initialised so a new head starts as pure DFlash),
-``gate_proj``, ``joint_proj``.
-
-The design choice that matters: for vanilla and gated heads the r-dim transition feature u(a, h) is exposed on its
-own (``transition_features``), so the Selector can score k x k candidate pairs without a Vd-wide bias, and the
-``hidden``/``identity`` form is exactly the DFlash-2 CandidateSelector (docs/design/design.md §6.4). The rnn head is path
-dependent and has no transition features.
-"""
+Forms, equations and parameter names (the checkpoint keys): docs/design/design.md §4; why the ``hidden``/``identity``
+form is the DFlash-2 CandidateSelector: §6.4."""
 
 from __future__ import annotations
 
@@ -30,7 +20,17 @@ GATE_ACTIVATIONS = ("sigmoid", "identity")
 
 
 class MarkovHead(nn.Module):
-    """Low-rank previous-token logit bias (the math: docs/design/design.md §4)."""
+    """Low-rank previous-token logit bias (the math: docs/design/design.md §4).
+
+    Args:
+        verifier_vocab_size: V, the rows of ``markov_w1`` (previous tokens are target ids).
+        draft_vocab_size: Vd, the logits the bias covers (``markov_w2`` is ``Linear(r, Vd)``).
+        rank: r, the width of the transition feature.
+        hidden_size: H, the draft hidden size the gate (gated) or the joint projection (rnn) reads.
+        kind: ``vanilla``, ``gated`` or ``rnn`` (§4.1-§4.3).
+        gate_input: what a gated head's gate reads: ``hidden+prev`` or ``hidden`` (§4.2).
+        gate_activation: ``sigmoid`` (with a gate bias) or ``identity`` (no bias) (§4.2).
+    """
 
     def __init__(
         self,

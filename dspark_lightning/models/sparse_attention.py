@@ -1,17 +1,6 @@
 """Block-sparse SDPA for the training forward: skip the context keys that no query of a group can see (exact).
 
-With a dense mask (the ``sdpa`` backend, the CPU training path; docs/design/design.md §2.3) attention computes every query
-against all S + Q keys, although a block anchored at p sees only its own document's positions before p and its own
-block. Training blocks come in ascending anchor order, so a few consecutive blocks see one narrow stretch of the
-context. ``GroupedMask`` cuts the Q = A·B queries into groups of whole blocks (about ``GROUP_QUERIES`` queries); each
-group attends to the context range [c0, c1) that holds every context key one of its queries sees, plus its own
-blocks' keys. Every key left out is masked for every query of the group, so the result is the dense one (up to the
-order of floating-point sums), for about a quarter of the attention work on 1024-token SmolLM2 rows.
-
-Context positions that no group sees (after the last anchor of a document, padding) are dropped before the
-fused-feature projection (``grouped_context``), so ``fc``, its norm and the key/value projections skip them too.
-FlexAttention (``flex``, CUDA) already skips masked tiles and keeps its full-size mask: nothing here changes it.
-"""
+Design: docs/design/design.md §2.3 and docs/design/training_step.md §4."""
 
 from __future__ import annotations
 

@@ -1,28 +1,6 @@
-"""The frozen target (verifier): any Hugging Face causal LM, from a hub id or a local directory.
+"""The frozen target (verifier): any Hugging Face causal LM, and ``TargetHeads``, the target without its decoder.
 
-It provides what the drafter consumes, for packed rows of several documents:
-  - ``context_features`` [b, S, n*H]: the outputs of decoder layers ``target_layer_ids`` concatenated
-    (``hidden_states[i + 1]`` in transformers' convention, index 0 being the embeddings);
-  - ``final_hidden`` [b, S, H]: the last hidden state *after* the final norm, so teacher logits are just
-    ``lm_head(final_hidden)`` - at the few positions the loss needs, never over all S positions.
-Documents packed in one row are kept apart by transformers' packed-sequence support: with no attention mask,
-no cache and ``position_ids`` that restart at 0 for every document, the causal mask becomes block-diagonal
-(tested against running each document alone). That mask does not reach a recurrent layer (Gated DeltaNet in
-Qwen3-Next / Qwen3.5: its state and causal convolution run on across the row), so a target with such layers runs
-each document alone instead, documents of one length batched together (``models.architectures``).
-
-The model is put in eval mode with every parameter frozen; ``train()`` cannot switch it back. Loading never
-trusts remote code unless the caller sets ``trust_remote_code=True``.
-
-``TargetHeads`` is the target without its decoder: config, input embedding and LM head only, for training from an
-offline feature cache (``dspark_lightning.data.cache``). It reads just those tensors from the target's safetensors
-files (a local directory or the hub; with a sharded checkpoint only the shards that hold them are downloaded). The
-tensor names come from building the model on the meta device (no memory) and asking it which parameters are its
-input and output embeddings; a tied LM head (``tie_word_embeddings``) shares the embedding's weight, as it does in
-the full model. The input embedding is the model's own module class, so it embeds as the full model does: Gemma's
-``Gemma3TextScaledWordEmbedding`` multiplies by sqrt(hidden), and a plain ``nn.Embedding`` around the stored weight
-would not (docs/design/design.md §11).
-"""
+What it provides and how packed documents stay apart: docs/design/design.md §2.1; Gemma's embeddings: §11."""
 
 from __future__ import annotations
 
@@ -90,7 +68,17 @@ def resolve_target_layer_ids(num_layers: int, target_layer_ids: list[int] | None
 
 
 class FrozenTarget(nn.Module):
-    """Wraps a causal LM; exposes embeddings, LM head, per-layer features and the final hidden state."""
+    """Wraps a causal LM; exposes embeddings, LM head, per-layer features and the final hidden state.
+
+    Frozen and in eval mode for good (docs/design/design.md §2.1); ``from_pretrained`` loads one from a hub id or a
+    local directory.
+
+    Args:
+        model: the Hugging Face causal LM (``AutoModelForCausalLM``).
+        target_layer_ids: decoder layers whose outputs make ``context_features``; None for the default spread
+            (``default_target_layer_ids``).
+        num_draft_layers: how many layers the default spread picks when ``target_layer_ids`` is None.
+    """
 
     def __init__(self, model: nn.Module, target_layer_ids: list[int] | None = None, num_draft_layers: int = 1) -> None:
         super().__init__()
@@ -213,7 +201,17 @@ def _checkpoint_files(name_or_path: str) -> tuple[dict[str, str], Callable[[str]
 
 
 class TargetHeads(nn.Module):
-    """Config + input embedding + LM head of a target, without its decoder layers (see module docstring)."""
+    """Config + input embedding + LM head of a target, without its decoder layers (docs/design/design.md §2.1).
+
+    For training from an offline feature cache; ``from_pretrained`` reads only those tensors.
+
+    Args:
+        config: the target's transformers config.
+        embed_tokens: the target's input embedding (the model's own module class, so Gemma's scale applies).
+        lm_head: the target's LM head (sharing the embedding's weight when the head is tied).
+        target_layer_ids: the decoder layers the cache holds features of; None for the default spread.
+        num_draft_layers: how many layers the default spread picks when ``target_layer_ids`` is None.
+    """
 
     def __init__(
         self,

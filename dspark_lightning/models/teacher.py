@@ -1,27 +1,6 @@
 """The teacher: the target's next-token log-probabilities over the draft vocabulary, and its full-vocabulary argmax.
 
-docs/design/design.md §3.6. For a final hidden state h and the target's LM head W [V, H],
-
-    log p(v) = h·W_v − logZ(h),   logZ(h) = logsumexp_{u < V} h·W_u,
-
-so the loss, which reads p only at the Vd draft ids, needs the V-wide head for two numbers per position: logZ and the
-target's argmax (what greedy verification accepts). ``full_vocab_stats`` computes both from the full logits;
-``TeacherStats`` carries them per position of ``final_hidden``, as an offline cache stores them (its writer runs the
-target anyway), so that training from the cache evaluates the head on the Vd draft rows only — the same numbers,
-about V / Vd times fewer multiply-adds. Without stats (online features, caches written before the stats existed)
-the head runs over V at the distinct teacher positions only, and logZ and the argmax come from that one pass.
-
-Numbers: logits are computed in the LM head's dtype (as ``lm_head(h)`` computes them) and reduced in fp32 (fp64 for
-an fp64 head); logZ = m + log Σ exp(logit − m) with m the row maximum, and the argmax is the first index of m
-(``torch.max`` over the row, the convention of ``argmax``). A target with a final logit soft-cap c (Gemma 2) has the
-logits c·tanh(h·W / c); every function here takes it as ``softcap`` and applies it before anything else.
-
-Cost at large V (Gemma 3: V = 262,144): the full-vocabulary pass works on tiles of at most ``chunk_elements`` logits,
-up to ``MAX_TILE_ROWS`` rows against as many vocabulary rows as fit, carrying the row maximum, the running sum of
-exponentials and the argmax across the vocabulary tiles (the streaming logsumexp). The head is then read once per
-``MAX_TILE_ROWS`` positions; cutting the rows alone (16 positions per 16 MiB at that V) read the whole 262k x H head
-again for every 16 positions, which made the pass about 3x slower than its one matrix product on a CPU.
-"""
+Design: docs/design/design.md §3.6 (numbers and tiles), §11 (cost at large V); docs/design/training_step.md §3."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """Optional reduced draft vocabulary (Vd < V): the d2t / t2d maps between draft indices and target ids.
 
-``d2t[i]`` is the target id of draft index i (absolute ids, ascending); ``t2d`` is a boolean [V] mask of the
-target ids that the draft vocabulary covers. Everything outside the drafter's output layer speaks target ids;
-the Markov head's W1 is indexed by target ids and its W2 produces Vd logits. Serving formats that store d2t as
-offsets (``target_id - draft_index``) convert at export time.
-
-The vocabulary is chosen as the ``Vd`` most frequent loss-masked (assistant) target tokens of a dataset, plus any
-ids that must always be draftable (end-of-turn and end-of-sequence tokens), ties broken by lower id.
-"""
+The file and the selection: docs/design/data.md §6.3; export as offsets: §6.4."""
 
 from __future__ import annotations
 
@@ -19,7 +12,14 @@ from dspark_lightning.errors import OptionError
 
 
 class DraftVocab(nn.Module):
-    """Holds d2t [Vd] and t2d [V] as buffers so they travel with the drafter's state dict."""
+    """Holds d2t [Vd] and t2d [V] as buffers so they travel with the drafter's state dict.
+
+    The file it is read from (``load_draft_vocab``) and how it is chosen: docs/design/data.md §6.3.
+
+    Args:
+        d2t: [Vd] target ids of the draft vocabulary (distinct; stored sorted, so draft index i is the i-th lowest).
+        verifier_vocab_size: V, the length of the boolean ``t2d`` mask built from ``d2t``.
+    """
 
     def __init__(self, d2t: torch.Tensor, verifier_vocab_size: int) -> None:
         super().__init__()

@@ -1,16 +1,8 @@
 """``dspark-lightning cache``: run the frozen target once over the packed dataset and write its features.
 
-The format, the size estimate and the reader are ``dspark_lightning.data.cache`` (the data layer, which never loads
-a model); this module is the half that builds the target, so it sits above both ``data`` and ``models``. Packing is
-exactly the training stream's (``ShareGPTDataModule``, no shuffling, file order), so a cached sample equals the
-online one; the index is rewritten after every finished shard, so rerunning the same command resumes.
-
-Besides the features it stores, per position, the logsumexp and the argmax of the target's logits over its whole
-vocabulary (``models.teacher.full_vocab_stats``), computed from the *stored* final hidden state (after rounding to
-``--dtype``) with the target's LM head in its dtype: the numbers the full-vocabulary teacher would compute from the
-cache, so training from the cache can run the LM head over the draft vocabulary only (docs/design/design.md §3.6); with the
-target's final logit soft-cap applied when it has one (Gemma 2; ``models.target.final_logit_softcap``).
-"""
+The format, the size estimate and the reader are ``dspark_lightning.data.cache`` (the data layer never loads a model);
+this half builds the target, so it sits above both ``data`` and ``models``. Design: docs/design/data.md §6.2; the
+teacher statistics it stores (from the stored final hidden state): docs/design/design.md §3.6, §11."""
 
 from __future__ import annotations
 

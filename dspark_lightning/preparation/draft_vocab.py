@@ -1,26 +1,8 @@
-"""Build a reduced draft vocabulary (d2t / t2d) from token frequencies over the loss-masked tokens of a dataset.
+"""``dspark-lightning draft-vocab``: a reduced draft vocabulary (d2t / t2d) from the loss-masked token frequencies.
 
-    dspark-lightning draft-vocab --tokenizer assets/demo-target --data 'assets/data/sharegpt/train-*.jsonl' \\
-        --size 1024 --output runs/draft_vocab.safetensors
-
-then train with ``model.drafter.draft_vocab: runs/draft_vocab.safetensors`` (read by ``DSparkModule`` /
-``load_draft_vocab``): the LM head and the Markov head's W2 then cover only those Vd tokens, and ``export`` writes
-them in the speculators layout (offset ``d2t``, bool ``t2d``).
-
-Design choices:
-- Tokens are counted exactly as training sees them: records go through ``ShareGPTDataModule`` (the target's
-  chat template and assistant-only loss mask, or completion records' completion-only mask under ``--format``; the
-  same bad-record rules), in file order, and only positions with
-  ``loss_mask = 1`` count - those are the tokens the drafter predicts. ``block_size`` filtering is off, so short
-  replies count too; ``seq_len`` truncates very long conversations as training would.
-- Selection: the ``size`` most frequent ids, ties broken by lower id (as speculators does), after forcing in the
-  ids that must always be draftable: the tokenizer's eos, pad and mask tokens (when they exist and fit the
-  vocabulary) plus ``--always_include``. Ids that never occur fill the remaining slots lowest id first.
-- The file holds ``d2t`` (int64 [Vd], *absolute* target ids, ascending - what ``load_draft_vocab`` reads), ``t2d``
-  (bool [V]) and ``counts`` (int64 [V], the raw frequencies) with a small JSON metadata header; safetensors only.
-- V (the verifier vocabulary) is the model config's ``vocab_size`` when the tokenizer path has one (embedding
-  matrices are often padded past ``len(tokenizer)``), else ``len(tokenizer)``; ``--vocab_size`` overrides it.
-"""
+How tokens are counted and chosen, and the file: docs/design/data.md §6.3; training with it
+(``model.drafter.draft_vocab``, the LM head and the Markov head's W2 then cover only those Vd tokens) and its export
+(offset ``d2t``, bool ``t2d``): docs/design/data.md §6.4, docs/guides/export_and_serving.md."""
 
 from __future__ import annotations
 

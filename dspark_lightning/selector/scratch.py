@@ -1,11 +1,6 @@
 """Reusable CPU scratch buffers for the Selector's large intermediates when autograd is off.
 
-At batch 32 and Vd = 32k one ``pair_scores`` call fills about 25 MB of intermediates (row gathers of W1, W2 and the
-gate table, group maxima of the top-k search). glibc returns such blocks to the OS on free, so every call re-faults
-them page by page: 4-7 thousand minor page faults, a fifth to a third of the walk's time on the project machine.
-Intermediates that never leave the function that fills them are written into these buffers instead (the same
-kernels with ``out=``, so the values are bitwise those of the allocating ops).
-"""
+Why (page faults on every call) and what uses them: docs/design/design.md §6.2."""
 
 from __future__ import annotations
 

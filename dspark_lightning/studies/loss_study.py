@@ -1,30 +1,8 @@
 """``dspark-lightning loss-study``: train the same head with each drafter loss, over several seeds, and compare.
 
-    dspark-lightning loss-study --output experiments/loss_study/demo                      # the committed study
     dspark-lightning loss-study --output /tmp/s --losses '[kl,nla]' --seeds '[0]' --budget.steps 4   # a quick look
 
-Every variant is ``configs/quickstart.yaml`` + ``configs/heads/<head>.yaml`` + ``configs/losses/<loss>.yaml``
-trained through the real CLI by :func:`dspark_lightning.studies.report.train_and_evaluate` (same budget, data and
-measuring code as ``dspark-lightning report``). With ``--recipe`` naming a recipe (a YAML file, or a name resolved to
-``configs/recipes/<name>.yaml``, e.g. ``--recipe smollm2``) the base config is the recipe's fit config, trained and
-measured by ``report-recipe``'s functions without its wall-clock part; only ``steps`` and the evaluation sizes of the
-budget apply, the rest is the config's. Every run sets ``seed_everything``, ``model.training.seed`` and
-``data.seed`` to the seed, so seeds change the initialisation, the anchors and the data order. Runs go seed by seed;
-after the first seed's pass over the listed losses, the one with the highest teacher-forced tau is trained with
-D-PACE position weighting (``--model.loss.position_weighting dpace``; ``--dpace false`` skips it) in every pass. The
-report is rewritten after every run.
-
-Numbers per run: teacher-forced tau and acceptance per slot on the validation blocks, and measured tau and accepted
-rate per slot of real greedy speculative decoding with the target. With ``--eval_sets`` each run is also measured on
-the named evaluation sets (``eval_sets/sets.py``, as ``decode --eval_sets`` and ``report-recipe --eval_sets``): per
-set the same object as theirs (``eval_set``, ``measured_tau``, ``measured_tau_ci`` ... ``prompt_records``; no wall
-clock, so ``speedup`` is null) in the run's ``eval_sets``. Per loss: mean and sample standard deviation over
-seeds. Significance rule (stated in the report): a difference of means between two losses counts as significant only
-when it exceeds the sum of their seed standard deviations; with one seed nothing is called significant.
-
-Writes ``report.md``, ``results.json`` (every run and every aggregate), ``loss_study.png`` and ``log.txt`` (the
-progress log) into ``--output``.
-"""
+Variants, seeds, D-PACE, the numbers and the significance rule: docs/design/design.md §12.3."""
 
 from __future__ import annotations
 

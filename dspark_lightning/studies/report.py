@@ -1,38 +1,8 @@
 """``dspark-lightning report``: train the Markov-head variants on the demo and write a one-page experiment report.
 
-    dspark-lightning report --output experiments/demo_heads                       # none/vanilla/gated/rnn x B = 8, 16
     dspark-lightning report --output /tmp/r --heads '[none,vanilla]' --block_sizes '[8]' --budget.steps 40  # quick
 
-For every (head, block size) it runs ``fit`` through the real CLI (``lightning_main``: the run is exactly what a user
-gets from ``dspark-lightning fit --config configs/quickstart.yaml --config configs/heads/<head>.yaml``, shrunk by
-overrides) and then measures, on the same model object:
-
-- teacher-forced tau and greedy tau on the validation blocks (the last validation of ``fit``);
-- measured tau: real greedy speculative decoding (``speculative_generate`` via ``decoding.decode_tables``) on the
-  validation eval prompts, tokens per target forward; ``markov`` mode (``parallel`` for the head-less drafter), plus
-  ``selector`` mode (top-k walk) where the head has a Selector form;
-- Selector agreement / coverage at k (``selector.equivalence_report``; n/a for ``none`` and ``rnn``);
-- the confidence head's prefix-survival ECE before and after sequential temperature scaling, fitted on one half of
-  the validation blocks and measured on the other half (fitting and scoring on the same blocks flatters it).
-
-It writes ``report.md`` (tables + how it was made), ``results.json`` (every number) and three PNGs
-(``acceptance_per_slot.png``, ``tau.png``, ``selector.png``) into ``--output``.
-
-Design choices:
-- Sizes are CPU sizes: sequence length 128, 4 rows, 16 anchors, one thread (``torch.set_num_threads(1)``; the demo
-  machine has 2 shared cores). The default budget (600 steps per variant, 8 variants) takes about a quarter of an
-  hour there. ``--budget.*`` changes every budget knob; ``--budget.steps 40 --heads '[none,vanilla]'
-  --block_sizes '[8]'`` is a smoke test.
-- Every variant uses the same seed, data order and budget, so differences are the heads' (and noise: single seeds,
-  short runs; the report says so).
-- Run directories (CSV logs, ``last.ckpt``, plots) go to a temporary directory that is deleted afterwards unless
-  ``--runs_dir`` keeps them (e.g. for ``notebooks/analyze_run.ipynb``). Nothing is written into the repository
-  except ``--output``.
-- The measurements are ``head_measurements.evaluate_variant`` over the library's ``evaluation`` package
-  (``collect_blocks``, ``heldout_calibration``, ``measured_decoding``), and the runs come from
-  ``runs.demo_fit_args``: the tutorials and the analysis notebook call the same functions, so the report and the
-  notebooks compute the same numbers the same way.
-"""
+What it runs and measures, its sizes and what it writes: docs/design/design.md §12.1."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """``dspark-lightning report-recipe``: train every head on a recipe (``configs/recipes/<name>.yaml``) and measure it.
 
-    dspark-lightning report-recipe --recipe configs/recipes/smollm2.yaml --output experiments/smollm2_heads/1200steps   # the recipe's heads
     dspark-lightning report-recipe --recipe smollm2 --output /tmp/r --heads '[none,vanilla]' --steps 20 --num_prompts 2
 
-Each head is trained by ``fit`` with the recipe's fit config + ``configs/heads/<head>.yaml`` (``Recipe.fit_configs``),
-then re-loaded with the whole target (``target.features="online"``) and measured by the same
-``head_measurements.evaluate_variant`` as the demo report: teacher-forced tau on the validation rows, measured greedy
-tau on held-out prompts (the validation split: no training step saw them), acceptance per slot, Selector agreement /
-coverage at k and the Selector's measured tau, calibration before/after temperature scaling. On top, the wall-clock
-comparison that decides whether a drafter pays for itself (``decoding.measure_speedup``): new tokens per second of
-``speculative_generate`` against the target's own greedy ``generate`` on the same prompts, timed alternately prompt
-by prompt in one process, with the outputs checked equal, and the drafter's time per step.
-"""
+What it measures, wall clock included: docs/design/design.md §12.2; the recipes: docs/guides/recipe_smollm2.md."""
 
 from __future__ import annotations
 
