@@ -51,7 +51,6 @@ LONG_DOCSTRING_ALLOWED = {
     "dspark_lightning/decoding/verify.py",
     "dspark_lightning/interop/__init__.py",
     "dspark_lightning/interop/export.py",
-    "dspark_lightning/interop/speculators_format.py",
     "dspark_lightning/interop/speculators_load.py",
     "dspark_lightning/interop/speculators_parity.py",
     "dspark_lightning/lightning/config.py",
