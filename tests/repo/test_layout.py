@@ -52,10 +52,7 @@ LONG_DOCSTRING_ALLOWED = {
     "dspark_lightning/interop/__init__.py",
     "dspark_lightning/interop/export.py",
     "dspark_lightning/interop/speculators_load.py",
-    "dspark_lightning/interop/speculators_parity.py",
     "dspark_lightning/lightning/config.py",
-    "dspark_lightning/lightning/fit.py",
-    "dspark_lightning/lightning/module.py",
     "dspark_lightning/lightning/optim.py",
     "dspark_lightning/preparation/regenerate.py",
 }
