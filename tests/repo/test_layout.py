@@ -54,7 +54,6 @@ LONG_DOCSTRING_ALLOWED = {
     "dspark_lightning/interop/speculators_load.py",
     "dspark_lightning/lightning/config.py",
     "dspark_lightning/lightning/optim.py",
-    "dspark_lightning/preparation/regenerate.py",
 }
 MAX_MODULE_DOCSTRING_LINES = 6
 
