@@ -1,16 +1,7 @@
 """The ``dspark-lightning`` command line (also ``python -m dspark_lightning``): one table of every command.
 
-``fit``, ``validate``, ``test`` are LightningCLI subcommands over ``DSparkModule`` and ``ShareGPTDataModule``
-(``lightning/fit.py``); every other command is a typed function whose signature and docstring jsonargparse turns into
-options, so each command takes ``--help``, ``--config FILE`` and ``--print_config`` the same way, and options are
-spelled ``--snake_case`` like LightningCLI's. Lists are YAML (``--modes '[parallel,markov]'``), flags take a value
-(``--dry_run true``).
-
-    dspark-lightning fit --config configs/quickstart.yaml [--config configs/heads/gated.yaml]
-    dspark-lightning fit --config configs/quickstart.yaml --model.drafter.block_size 16
-    dspark-lightning validate --config configs/quickstart.yaml --ckpt_path runs/.../last.ckpt
-    dspark-lightning regenerate --target assets/demo-target --data 'assets/data/sharegpt/train-*.jsonl' --output DIR
-    dspark-lightning decode --config decode.yaml --print_config
+``fit``/``validate``/``test`` are LightningCLI subcommands (``lightning/fit.py``), every other command a typed function
+whose signature and docstring become its options: docs/guides/train_and_evaluate.md, docs/design/design.md §10.
 """
 
 from __future__ import annotations

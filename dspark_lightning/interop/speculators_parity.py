@@ -1,11 +1,5 @@
-"""Parity of an export with the ``speculators`` library: its ``DSparkDraftModel`` run on one block, against ours.
-
-``speculators`` is never a dependency (it pins other transformers versions), so ``run_speculators`` runs ``SCRIPT``
-under another interpreter that has it. Each job loads an export with ``DSparkDraftModel.from_pretrained``
-(embedding and LM head re-loaded from the recorded verifier) and computes, on one block after a prefix of the
-target's features (``block_inputs``), the base logits, the Markov bias for given previous tokens and the confidence
-logits; ``our_outputs`` computes the same with our drafter. Used by tests/integration/commands/test_speculators_interop.py and
-experiments/gemma3_heads/speculators_check.py.
+"""Parity of an export with the ``speculators`` library: its ``DSparkDraftModel`` run on one block, against ours,
+under another interpreter that has it: docs/guides/development.md ("Tests").
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The LightningCLI of ``fit``, ``validate`` and ``test`` over ``DSparkModule`` and ``ShareGPTDataModule``.
-
-Below the commands, so a command that trains (``report``, ``loss-study``, ``report-recipe``) runs exactly what
-``dspark-lightning fit`` runs without importing the command table above it.
-
-The model's options are four groups (``model.target``, ``model.drafter``, ``model.loss``, ``model.training``; see
-``lightning/config.py``) plus the ``optimizer``/``scheduler`` callables. Values that the data and the model share are
-linked, never repeated in YAML: the tokenizer is the target's (``model.target.path`` -> ``data.tokenizer``), the block
-size goes to the data module (``model.drafter.block_size`` -> ``data.block_size``) and the mask token id comes from
-the tokenizer (``data.mask_token_id`` -> ``model.drafter.mask_token_id``).
-
-Each run writes into its own versioned directory (the first logger's ``save_dir/name/version_N``), claimed with
-``os.mkdir`` before anything is written (``lightning/run_dirs.py``), so runs of one name started together never share
-or clobber one. Next to the resolved ``config.yaml`` it writes ``data_format.json``, the data format the run chose
-(``SaveConfigAndDataFormat``).
-
-``--ckpt_path`` is read with ``weights_only=True`` and checked before anything is built: a file that is not a
-checkpoint, or one holding NaN/inf weights, is refused. Resuming (or validating) never silently replaces model
-arguments: a model argument given (not left at its default) whose value differs from the checkpoint's hyper-parameter
-is an error naming it.
+"""The LightningCLI of ``fit``, ``validate`` and ``test`` over ``DSparkModule`` and ``ShareGPTDataModule``: below the
+command table, so a command that trains (``report``, ``loss-study``, ``report-recipe``) runs what ``fit`` runs without
+importing it. Options, linked values and run directories: docs/guides/train_and_evaluate.md; ``--ckpt_path`` checks,
+the resume rule and run directories: docs/guides/reliability.md.
 """
 
 from __future__ import annotations
@@ -185,6 +169,7 @@ class DSparkCLI(LightningCLI):
             raise
 
     def add_arguments_to_parser(self, parser) -> None:
+        # values the data and the model share are linked, never repeated in YAML
         parser.link_arguments("model.target.path", "data.tokenizer", apply_on="parse")
         parser.link_arguments("model.target.trust_remote_code", "data.trust_remote_code", apply_on="parse")
         parser.link_arguments("model.drafter.block_size", "data.block_size", apply_on="parse")

@@ -1,36 +1,8 @@
 """DSparkModule: the LightningModule that trains a DSpark drafter against a frozen Hugging Face target.
 
-One training step: target features for the packed batch (no grad) -> drafter forward over sampled blocks ->
-compound loss + confidence BCE (+ optional Selector candidate loss; ``lightning/step.py``) -> metrics. The
-constructor takes four config groups (``lightning/config.py``, ``models.DrafterConfig``), each a LightningCLI group
-(``--model.drafter.block_size 4``, YAML ``model: {drafter: {block_size: 4}}``).
-
-Design choices:
-- The target is built in ``__init__`` (the drafter's shape depends on it) and is frozen and in eval mode forever.
-  Checkpoints hold only the trainable drafter state (``lightning/frozen_state.py``).
-- Training anchors come from a generator seeded by a hash of (seed, global step, rank) (``stream_seed``), so a
-  resumed run draws the same anchors as an uninterrupted one and no two (step, rank) streams share a seed at any
-  number of ranks. Evaluation anchors are deterministic per document (``evaluation_anchors``), so
-  validation metrics do not depend on packing, batch order or the number of DDP ranks.
-- Metrics are torchmetrics classes (sum/count states), computed and logged once per validation epoch; the last
-  computed values stay on ``self.last_validation`` for callbacks that draw charts.
-- In the DFlash convention (``sample_from_anchor=False``) slot 0 is never trained, so metrics see slots 1..B-1.
-- ``target.features: cache`` trains from an offline target cache (``dspark_lightning.data.cache``): only the target's
-  config, input embedding and LM head are loaded (``TargetHeads``), and every batch must carry ``context_features``
-  and ``final_hidden``. Checkpoints are the same in both modes (the frozen tensors are dropped either way). A batch
-  that carries features is used as it is in online mode too (the target is then not run). A cache that also
-  stores the full-vocabulary logsumexp and argmax per position (format 2) lets the teacher run the LM head over
-  the draft rows only (``teacher_stats``; docs/design/design.md §3.6); older caches take the full-vocabulary head.
-- ``training.anchor_budget`` (``uniform`` | ``per_document``, see ``models/anchors.py``) chooses how training anchors
-  are shared between the documents of a packed row; ``train/anchor_coverage`` (per step) and ``val/anchor_coverage``
-  (sum states over the epoch) report the fraction of supervised tokens that some block predicts.
-- Sharded training (``configs/strategy/fsdp.yaml``): ``configure_model`` wraps every target decoder layer and every
-  draft layer as its own FSDP unit when the strategy provides a wrapping context (and does nothing otherwise), so the
-  frozen target is sharded layer by layer and the drafter's layers train sharded; the embedding / LM head shared by
-  target and drafter stay in the root unit.
-- Non-finite guard (``lightning/guards.py``): a NaN/inf loss or gradient raises before the update is applied.
-- Skipped training records (the data module's ``bad_record_counts``) are logged as ``data/skipped/<reason>`` and
-  ``data/skipped/total`` (this rank, current pass) at every log step.
+The step: docs/design/training_step.md §1; anchors and the teacher: docs/design/design.md §3, metrics: §7 there;
+cache mode: docs/design/data.md §6.2; FSDP wrapping: docs/guides/scaling_up.md; the non-finite guard and the skipped
+records: docs/guides/reliability.md.
 """
 
 from __future__ import annotations
@@ -116,6 +88,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
 
         # "auto": the checkpoint's own dtype, which from_pretrained reads
         dtype = "auto" if target.dtype == "auto" else torch_dtype(target.dtype, (*DTYPES, "auto"), what="target.dtype")
+        # built here, frozen and in eval mode for good: the drafter's shape depends on it
         target_class = TargetHeads if target.features == "cache" else FrozenTarget
         self.target = target_class.from_pretrained(
             target.path,
@@ -135,7 +108,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         self.val_acceptance = AcceptanceMetrics(self.metric_block_size)
         self.val_calibration = ConfidenceCalibration(self.metric_block_size)
         self.val_coverage = AnchorCoverage()
-        self.last_validation: dict[str, torch.Tensor] = {}
+        self.last_validation: dict[str, torch.Tensor] = {}  # the last computed values, for callbacks that draw charts
         if loss.candidate_weight > 0 and "selector" not in supported_modes(self.drafter.markov_head):
             raise OptionError(
                 "model.loss.candidate_weight > 0 needs a vanilla or gated Markov head (the Selector form)"
@@ -205,7 +178,7 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
 
     def target_features(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(context_features, final_hidden): from the batch (offline cache) or by running the target."""
-        if "context_features" in batch:
+        if "context_features" in batch:  # a batch that carries features is used as it is, in online mode too
             return batch["context_features"], batch["final_hidden"].to(self.drafter.lm_head.weight.dtype)
         features = self.target.features(batch["input_ids"], batch["position_ids"])
         return features.context_features, features.final_hidden

@@ -1,33 +1,7 @@
-"""On-policy data: rewrite every assistant turn of a conversation dataset with the target's own greedy replies, or,
-for a base model without a chat template (``--format completion``, ``regenerate_completion.py``), write completion
-records of plain-text prompts and the target's own greedy continuations.
-
-Usage (wired as ``dspark-lightning regenerate``)::
-
-    dspark-lightning regenerate --target Qwen/Qwen3-0.6B --data 'sharegpt/*.jsonl' --output regen/ \
-        --max_new_tokens 512 --batch_size 16 [--limit N] [--shard_size 1000] [--chat_template_kwargs '{...}'] \
-        [--num_jobs 8 --job_index $SLURM_ARRAY_TASK_ID] [--format completion --prompts '[first_turn,code]']
-
-Design choices (the chat format; the completion format shares output, resuming, progress, jobs and counting):
-- Turn by turn: assistant turn *t* is generated from the conversation up to it, where earlier assistant turns are the
-  target's own (already regenerated) replies and the user/system turns are the originals. So the whole dialogue is
-  what the target would have said, which is the distribution the drafter is evaluated on.
-- Greedy decoding (``do_sample=False``), batched with left padding; a reply ends at the tokenizer's eos (or the
-  model's configured eos ids) or after ``--max_new_tokens`` (counted as ``truncated_replies``).
-- Output: ShareGPT JSON Lines shards ``train-00000.jsonl``, ... of ``--shard_size`` records, each record
-  ``{"id", "conversations"}``. The id is the input record's ``id`` or, without one, a hash of its messages, so a
-  restart recognises finished work: existing shards are scanned, a partly written last line (an interrupted run) is
-  cut off, ids already present are skipped and writing continues in the last shard. ``--limit`` caps the total number
-  of records in the output directory, so rerunning the same command finishes an interrupted job.
-- Progress: a bar with an ETA over the records still wanted (``--limit``) or this job's conversations still to do.
-  SIGTERM stops it between batches (a second one at once), with every written record whole: the summary says
-  ``stopped``, the exit status is 143, and rerunning the same command continues.
-- Parallel jobs: ``--num_jobs N --job_index i`` (e.g. one process per GPU, or a SLURM array) regenerates valid
-  records i, i+N, ... and writes ``train-iiiofNNN-00000.jsonl`` ... into the same ``--output``; each job only scans
-  and resumes its own shards, and ``train-*.jsonl`` reads all of them as one dataset. ``--limit`` is per job.
-- Invalid input records are skipped and counted by reason (the same validation as training); a turn whose prompt is
-  longer than ``--max_prompt_tokens`` ends the conversation there (records with no regenerated turn are dropped and
-  counted); an empty reply drops the record (counted), since an empty assistant turn is not trainable.
+"""On-policy data (``dspark-lightning regenerate``): every assistant turn of a conversation dataset rewritten with the
+target's own replies, or, for a base model without a chat template (``--format completion``,
+``regenerate_completion.py``), completion records of plain-text prompts and the target's own continuations.
+The records, resuming, jobs and counting: docs/design/data.md §6.1; usage: docs/guides/on_policy_data.md.
 """
 
 from __future__ import annotations
