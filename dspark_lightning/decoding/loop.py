@@ -1,25 +1,7 @@
-"""A measured speculative-decoding loop: Hugging Face target + DSpark drafter (evaluation, not serving).
-
-``speculative_generate`` runs a prefill, then steps of five named parts (batch 1):
-  1. draft: the target has processed every token but the newest one x (its KV cache and the drafter's context
-     cover them); the drafter drafts a block from [x, MASK, ...] in one forward: base logits + hidden states.
-  2. decode the block in a mode (``decoding.modes``: ``parallel``, ``markov`` or ``selector``), which also returns
-     the exact draft distribution q of every slot.
-  3. schedule: optionally the confidence head cuts the block to the slots worth verifying (``decoding.schedule``).
-  4. verify: one target forward over [x, d_1..d_n] (``decoding.target_forwards``); ``verify_block`` accepts a prefix
-     of the drafts and adds the target's own next token, so every target forward yields >= 1 token (greedy: the
-     longest prefix equal to the target's argmax; sampling: speculative rejection sampling, exactly the target's law).
-  5. commit: the anchor and the accepted drafts join the prefix: the target's KV cache is cropped to them and their
-     target features extend the drafter's context cache (``DraftContextCache``: fused features and every draft
-     layer's context keys/values, projected once per token), so a draft step does not re-project the prefix.
-``_Prefix`` keeps the two caches in step. At temperature 0 the output equals ``target.generate(do_sample=False)``
-token for token (tests check it for every mode, with EOS and ``max_new_tokens`` falling inside a block).
-``drafter_cache=False`` re-projects the whole prefix every step instead (the reference the cache is tested against).
-
-Design choices: batch size 1 (a clear error otherwise) - acceptance is per row and a batched loop needs ragged KV
-caches, which serving engines do and this reference loop does not need. Phase times (``DecodeStats``) synchronise
-CUDA at each phase boundary so that they measure the phase, not the kernel queue.
-"""
+"""``speculative_generate``: the measured speculative-decoding loop (a Hugging Face target + a DSpark drafter, batch
+size 1; evaluation, not serving): prefill, then steps of draft, decode in a mode, schedule, verify, commit, each timed.
+``_Prefix`` keeps the target's KV cache and the drafter's context cache in step. At temperature 0 the output equals
+``target.generate(do_sample=False)`` token for token. Design: docs/design/design.md §8.1-§8.6."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""The target's KV cache in speculative decoding: the layer layout ``generate`` uses, and a crop that can roll back.
-
-A verify forward appends n+1 tokens and a rejection removes up to n of them again. A full-attention layer keeps every
-entry, so removing a suffix restores exactly the cache of the accepted prefix. A sliding-window layer (Gemma 2/3,
-Mistral; transformers' ``DynamicSlidingWindowLayer``, window W) normally keeps only its last W - 1 entries after each
-update: once a verify forward has pushed the oldest ones out, cropping its rejected tail cannot bring them back, and
-the next forward would attend to a window with a hole (``docs/design/design.md §8.6``).
-
-``TargetCache`` builds the cache ``generate`` builds (``DynamicCache(config=...)``: full layers for full attention,
-sliding layers holding W - 1 entries for sliding attention) and, once the prompt is in, switches its sliding layers
-to transformers' own rollback mode (``activate_past_recording``): an update then keeps every entry until the next
-``crop``, which removes the rejected tail and only then trims the layer back to its last W - 1 entries. Between
-steps a sliding layer therefore holds the positions ``generate``'s cache holds after the same tokens, during a verify
-forward W - 1 + n + 1 entries, and attention is masked by absolute position (``kv_offset``) in both cases.
-
-Where the installed transformers has a layer that trims itself but has no such mode, the cache falls back to full
-layers everywhere (``DynamicCache()``): the sliding-window mask is then computed from absolute positions over
-the whole prefix, which is the same attention with the out-of-window keys masked instead of dropped (lossless, but
-memory and attention grow with the prefix on every layer).
-"""
+"""``TargetCache``: the target's cache in the layer layout ``generate`` uses, with a crop that rolls back a rejected
+tail: sliding-window layers through transformers' rollback mode (trimmed to W - 1 entries only after each crop), full
+layers everywhere as the fallback, and linear-attention layers keeping their recurrent state after each of a verify's last
+tokens, so a crop restores the one after the accepted prefix. Design: docs/design/design.md §8.6; hybrid targets:
+docs/guides/supported_targets.md."""
 
 from __future__ import annotations
 
@@ -39,7 +24,7 @@ class TargetCache:
         cache = DynamicCache(config=model.config)  # the layout generate uses (sliding layers where the model has them)
         special = [layer for layer in cache.layers if _needs_rollback_mode(layer)]
         if not all(hasattr(layer, "activate_past_recording") for layer in special):
-            cache, special = DynamicCache(), []  # full layers: lossless, unbounded (module docstring)
+            cache, special = DynamicCache(), []  # full layers: lossless, unbounded (design.md §8.6)
         self.cache = cache
         self.rollback = bool(special)  # some layer trims itself: record the past, crop after every verify
         # a linear-attention layer (Qwen3-Next) keeps the recurrent state after each of a verify forward's last

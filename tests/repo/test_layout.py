@@ -43,18 +43,7 @@ def test_unit_tests_mirror_the_package():
 
 # Modules whose docstrings other branches were rewriting when the rest were shortened (issue 39, item 6): to be cut to
 # a few lines once that concurrent work has landed, then removed from this list.
-LONG_DOCSTRING_ALLOWED = {
-    "dspark_lightning/data/preflight.py",
-    "dspark_lightning/decoding/loop.py",
-    "dspark_lightning/decoding/stats.py",
-    "dspark_lightning/decoding/target_cache.py",
-    "dspark_lightning/decoding/verify.py",
-    "dspark_lightning/interop/__init__.py",
-    "dspark_lightning/interop/export.py",
-    "dspark_lightning/interop/speculators_load.py",
-    "dspark_lightning/lightning/config.py",
-    "dspark_lightning/lightning/optim.py",
-}
+LONG_DOCSTRING_ALLOWED: set[str] = set()  # none left
 MAX_MODULE_DOCSTRING_LINES = 6
 
 
