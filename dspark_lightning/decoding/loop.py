@@ -82,7 +82,7 @@ def speculative_generate(
     record_blocks: bool = False,
     packed_verify: bool = False,
 ) -> tuple[torch.Tensor, DecodeStats]:
-    """Speculative generation; returns (prompt + new tokens [1, T], stats). See the module docstring.
+    """Speculative generation; returns (prompt + new tokens [1, T], stats). The step: docs/design/design.md §8.1.
 
     ``target`` is a ``FrozenTarget`` or a Hugging Face causal LM (then ``drafter.config.target_layer_ids`` says
     which layers feed the drafter). ``eos_token_id`` defaults to the target's generation config.
