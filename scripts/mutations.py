@@ -28,7 +28,7 @@ VERIFY = ("tests/unit/decoding/test_verify.py",)
 STATS = ("tests/unit/decoding/test_stats.py", "tests/unit/eval_sets/test_eval_report.py")
 INTERVALS = ("tests/unit/decoding/test_intervals.py", "tests/unit/eval_sets/test_eval_report.py")
 WEIGHTS = ("tests/unit/losses/test_loss_weights.py", "tests/unit/losses/test_losses.py")
-LOSSES = ("tests/unit/losses/test_losses.py",)
+LOSSES = ("tests/unit/losses/test_masked_rows.py", "tests/unit/losses/test_losses.py")
 TEACHER = ("tests/unit/models/test_teacher.py",)
 SLIDING = (
     "tests/unit/decoding/test_sliding_window_target.py::test_sliding_layers_hold_only_the_window",
