@@ -42,6 +42,7 @@ SPLITS = (
     "tests/unit/data/test_splits.py",
     "tests/unit/data/test_data_datamodule.py::test_split_by_id_carves_disjoint_splits_out_of_one_source",
 )
+CACHE_INDEX = ("tests/unit/data/test_cache_index.py",)
 RANKS = ("tests/unit/data/test_splits.py",)
 ANCHORS = ("tests/unit/models/test_anchors.py",)
 PREFLIGHT = ("tests/unit/data/test_preflight.py", "tests/unit/data/test_completion.py")
@@ -196,6 +197,16 @@ MUTATIONS = [
       "ranks read unequal sample counts (a DDP hang at the epoch's end)", RANKS),
     M("split-rank-same-start", D + "data/cache.py", "return range(rank, stop, world_size)",
       "return range(0, stop, world_size)", "every rank reads rank 0's samples", SPLITS),
+    M("cache-index-stale-key", D + "data/cache.py", 'keys = ("target_layer_ids", "hidden_size", "seq_len", "dtype")',
+      'keys = ("hidden_size", "seq_len", "dtype")',
+      "caches of different target layers read together (a key missing from the check)", CACHE_INDEX),
+    M("cache-shuffle-epoch-ignored", D + "data/cache.py", "manual_seed(self.seed * 1_000_003 + self.epoch)",
+      "manual_seed(self.seed)", "the cached dataset's shuffle seed ignores the epoch (one order for every epoch)",
+      CACHE_INDEX),
+    M("cache-only-first-directory", D + "data/cache.py",
+      "[loc for index in self.indexes for loc in index.locate()]",
+      "[loc for index in self.indexes[:1] for loc in index.locate()]",
+      "only the first of several cache directories is read", CACHE_INDEX),
     M("anchor-padding-valid", D + "models/anchors.py", "valid = loss_mask.bool() & (document_ids >= 0)",
       "valid = loss_mask.bool()", "padding positions can be anchors (dropped mask)", ANCHORS),
     M("anchor-block-crosses-document", D + "models/anchors.py",
