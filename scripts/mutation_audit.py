@@ -146,6 +146,11 @@ def readme(results: list[dict]) -> str:
         "python scripts/mutation_audit.py --check   # only checks that every mutation still applies",
         "```",
         "",
+        "The three bugs of issue 42 are `verify-d2t-placement`, `cache-trim-only-on-rejection` and",
+        "`stats-slot-denominator`. A test file listed for a mutation runs whole, in the listed order, up to its first",
+        "failure; *caught by* names that failure. `--only ID ... --merge` reruns some mutations (after a test was",
+        "added for them) and keeps the other rows as recorded.",
+        "",
         f"**Result.** {len(results)} mutations, {caught} caught, {len(missed)} missed"
         + (f" ({caught / len(results):.0%} caught)." if results else "."),
         "",

@@ -42,6 +42,7 @@ SPLITS = (
     "tests/unit/data/test_splits.py",
     "tests/unit/data/test_data_datamodule.py::test_split_by_id_carves_disjoint_splits_out_of_one_source",
 )
+PROMPTS = ("tests/unit/data/test_prompts.py", "tests/unit/eval_sets/test_eval_sets.py")
 CACHE_INDEX = ("tests/unit/data/test_cache_index.py",)
 RANKS = ("tests/unit/data/test_splits.py",)
 ANCHORS = ("tests/unit/models/test_anchors.py",)
@@ -207,6 +208,11 @@ MUTATIONS = [
       "[loc for index in self.indexes for loc in index.locate()]",
       "[loc for index in self.indexes[:1] for loc in index.locate()]",
       "only the first of several cache directories is read", CACHE_INDEX),
+    M("prompts-test-split-leaks", D + "data/prompts.py", 'id_split.split_of(example.record_id) != "validation"',
+      'id_split.split_of(example.record_id) == "train"', "held-out prompts also drawn from the test split",
+      PROMPTS),
+    M("prompts-length-boundary", D + "data/prompts.py", "len(prompt_ids) < seq_len", "len(prompt_ids) <= seq_len",
+      "an evaluation prompt as long as seq_len is kept (no room for the first new token)", PROMPTS),
     M("anchor-padding-valid", D + "models/anchors.py", "valid = loss_mask.bool() & (document_ids >= 0)",
       "valid = loss_mask.bool()", "padding positions can be anchors (dropped mask)", ANCHORS),
     M("anchor-block-crosses-document", D + "models/anchors.py",
