@@ -120,6 +120,11 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", "⏎")
 
 
+def short(code: str, width: int = 60) -> str:
+    code = " ".join(code.split())
+    return code if len(code) <= width else code[: width - 1] + "…"
+
+
 def readme(results: list[dict]) -> str:
     caught = sum(r["status"] == "caught" for r in results)
     missed = [r for r in results if r["status"] == "missed"]
@@ -129,7 +134,10 @@ def readme(results: list[dict]) -> str:
             verdict = f"caught by `{r['caught_by']}`"
         else:
             verdict = "**MISSED**" + (f": harmless, {r['harmless']}" if r.get("harmless") else "")
-        rows.append(f"| `{r['file']}` | `{r['id']}` | {cell(r['what'])} | {cell(verdict)} |")
+        change = f"`{short(r['old'])}` → `{short(r['new'])}`"
+        rows.append(
+            f"| `{r['file'].removeprefix('dspark_lightning/')}` | `{r['id']}` | {cell(r['what'])} | {cell(change)} | {cell(verdict)} |"
+        )
     lines = [
         "# Mutation audit: would a test catch the bugs a user would suffer?",
         "",
@@ -154,8 +162,8 @@ def readme(results: list[dict]) -> str:
         f"**Result.** {len(results)} mutations, {caught} caught, {len(missed)} missed"
         + (f" ({caught / len(results):.0%} caught)." if results else "."),
         "",
-        "| file | mutation | what the bug does | verdict |",
-        "|---|---|---|---|",
+        "| file (in `dspark_lightning/`) | mutation | what the bug does | change | verdict |",
+        "|---|---|---|---|---|",
         *rows,
         "",
     ]
