@@ -131,3 +131,17 @@ def test_a_constant_per_prompt_gain_gives_a_point_difference_and_unequal_prompt_
     assert low == pytest.approx(0.25, abs=1e-12) and high == pytest.approx(0.25, abs=1e-12)
     with pytest.raises(ValueError, match="same prompts"):
         ratio_difference_bootstrap_ci(emitted_a, forwards, emitted_b[:-1], forwards[:-1])
+
+
+def test_two_prompts_give_the_exact_bootstrap_law():
+    """Two prompts, values 0 and 1: a resample's mean is 0, 1/2 or 1 with probabilities 1/4, 1/2, 1/4, so the 95%
+    interval is [0, 1] (each end holds a quarter of the resamples, more than the 2.5% tail). Every prompt, the last
+    one included, must be drawn: an interval that never reaches 1 lost the last prompt."""
+    assert bootstrap_ci([0.0, 1.0], resamples=4000) == (0.0, 1.0)
+    assert ratio_bootstrap_ci([0.0, 3.0], [1.0, 1.0], resamples=4000) == (0.0, 3.0)
+    # paired difference: a gains 0 on prompt 1 and 4 on prompt 2; over the four equally likely index pairs a
+    # resample's difference is 0, 2, 2 or 4, so the interval is [0, 4]
+    pairs = [(i, j) for i in range(2) for j in range(2)]
+    num_a, den, num_b = [1.0, 5.0], [1.0, 1.0], [1.0, 1.0]
+    exact = sorted((num_a[i] + num_a[j]) / 2 - (num_b[i] + num_b[j]) / 2 for i, j in pairs)
+    assert ratio_difference_bootstrap_ci(num_a, den, num_b, den, resamples=4000) == (exact[0], exact[-1]) == (0, 4)

@@ -122,11 +122,12 @@ def test_verify_forwards_equal_a_full_forward_over_the_text(gemma, monkeypatch):
         torch.testing.assert_close(features, reference, rtol=1e-5, atol=5e-5)
 
 
-def test_sliding_layers_hold_only_the_window(gemma, monkeypatch):
-    """As in ``generate``'s cache: between steps a sliding layer holds the last W - 1 tokens (during a verify forward
-    at most W - 1 + n + 1), a full layer every token."""
+@pytest.mark.parametrize("kind, block_size", [("oracle", 4), ("noisy_oracle", 8)])
+def test_sliding_layers_hold_only_the_window(gemma, monkeypatch, kind, block_size):
+    """As in ``generate``'s cache: after every step a sliding layer holds the last W - 1 tokens (during a verify
+    forward at most W - 1 + n + 1), a full layer every token; also after steps that accepted the whole block."""
     model, target, prompt, text = gemma
-    drafter = drafter_of("noisy_oracle", target, text, 8)
+    drafter = drafter_of(kind, target, text, block_size)
     sizes = []
     verify, crop = TargetForwards.verify, TargetForwards.crop
 
@@ -144,18 +145,21 @@ def test_sliding_layers_hold_only_the_window(gemma, monkeypatch):
 
     monkeypatch.setattr(TargetForwards, "verify", recording_verify)
     monkeypatch.setattr(TargetForwards, "crop", recording_crop)
-    out, _ = decode(target, drafter, prompt, "noisy_oracle")
+    out, stats = decode(target, drafter, prompt, kind)
     assert torch.equal(out, greedy_reference(model, prompt, NEW_TOKENS, eos=[]))
-    assert {kind for kind, *_ in sizes} == {"verify", "crop"}
-    for kind, length, block, layers in sizes:
+    steps = len(stats.accepted_per_step)
+    assert [event for event, *_ in sizes] == ["verify", "crop"] * steps  # a crop after every verify forward
+    if kind == "oracle":
+        assert stats.accepted_per_step == [block_size] * steps and steps >= 7  # nothing ever rejected
+    for event, length, block, layers in sizes:
         assert [sliding for sliding, _ in layers] == [t == "sliding_attention" for t in model.config.layer_types]
         for sliding, entries in layers:
             if not sliding:
-                assert entries == length, (kind, length, layers)
-            elif kind == "crop":
-                assert entries == min(length, WINDOW - 1), (kind, length, layers)
+                assert entries == length, (event, length, layers)
+            elif event == "crop":
+                assert entries == min(length, WINDOW - 1), (event, length, layers)
             else:
-                assert entries <= WINDOW - 1 + block, (kind, length, layers)
+                assert entries <= WINDOW - 1 + block, (event, length, layers)
 
 
 def test_without_a_rollback_mode_every_layer_keeps_the_whole_prefix(gemma, monkeypatch):
