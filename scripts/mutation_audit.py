@@ -147,7 +147,7 @@ def readme(results: list[dict]) -> str:
         "a swapped ratio, a `<` / `<=` boundary, a stale key, only the first file) is applied alone to a copy of the",
         "package and the few unit test files that cover it are run (`pytest -x -q -n 0`).",
         "",
-        "**Rerun** (13 minutes on one core here, 4 of them the unmutated baseline; the table: `scripts/mutations.py`):",
+        "**Rerun** (13 minutes on one core of an AMD EPYC here, about 1 of them the unmutated baseline; the table: `scripts/mutations.py`):",
         "",
         "```",
         "python scripts/mutation_audit.py           # writes results.json and this README",

@@ -989,6 +989,7 @@ def gemma_step(variant: str) -> Callable[[], str]:
 
 RESULTS_DEMO, HEADS_400 = "experiments/demo_heads/results.json", "experiments/smollm2_heads/400steps/results.json"
 LOSS_DEMO, LOSS_SMOLLM2 = "experiments/loss_study/demo/results.json", "experiments/loss_study/smollm2/results.json"
+AUDIT = "experiments/mutation_audit/results.json"
 HEADS_1200, HEADS_3000 = "experiments/smollm2_heads/1200steps/results.json", "experiments/smollm2_heads/3000steps/results.json"
 # experiments/README.md: each row's headline (keyed by its folder) against the experiment's raw file
 LEDGER = {
@@ -1039,6 +1040,10 @@ LEDGER = {
                  lambda: fmt(load_json(TRAINING_STEP)["after"]["tokens_per_second"], ".0f"),
                  lambda: fmt(load_json(TRAINING_STEP)["before"]["tokens_per_second"], ".0f"),
                  lambda: fmt(load_json(TRAINING_STEP)["ratio"], ".2f"))],
+    ),
+    "mutation_audit/": Figures(
+        claims=[("{} of {} realistic mutations caught", lambda: str(load_json(AUDIT)["caught"]),
+                 lambda: str(load_json(AUDIT)["mutations"]))],
     ),
     "gemma3_training_step/": Figures(
         claims=[("{} against {} tokens/s", gemma_step("vd32k"), gemma_step("full"))],
