@@ -29,7 +29,7 @@ from mutations import MUTATIONS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "experiments/mutation_audit"
-COPIED = ("dspark_lightning", "tests", "configs", "assets", "pyproject.toml")
+COPIED = ("dspark_lightning", "tests", "configs", "assets", "docs", "pyproject.toml")  # docs: tests read its tables
 TIMEOUT_S = 300
 
 

@@ -148,7 +148,10 @@ _FLAT_NAMES = {
     "candidate_loss_weight": ("loss", "candidate_weight"),
     **{name: ("loss", name) for name in ("position_weighting", "gamma", "lk_eta", "nla_alpha_min")},
     **{name: ("loss", name) for name in ("confidence_alpha", "candidate_k", "candidate_rule")},
-    **{name: ("training", name) for name in ("anchor_budget", "seed", "val_anchor_stride", "lr_warmup_steps")},
+    **{
+        name: ("training", name)
+        for name in ("anchor_budget", "seed", "val_anchor_stride", "lr_warmup_steps", "feature_noise_std")
+    },
     "compile": ("training", "compile"),
     "draft_vocab": ("drafter", "draft_vocab"),
 }
