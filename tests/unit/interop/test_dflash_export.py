@@ -8,25 +8,14 @@ import json
 
 import pytest
 import torch
-from helpers.export import B, draft_vocab, make_drafter, outputs, save_verifier
+from helpers.export import B, draft_vocab, make_drafter, outputs
 from safetensors.torch import load_file
 
 from dspark_lightning.errors import UnsupportedError
 from dspark_lightning.interop import export_drafter, load_exported
 from dspark_lightning.interop.dflash_format import resolve_format
-from dspark_lightning.models import FrozenTarget
 
 DFLASH = dict(markov_head=None, confidence_head=False, confidence_with_markov=False, sample_from_anchor=False)
-
-
-@pytest.fixture(scope="module")
-def verifier_dir(tmp_path_factory):
-    return save_verifier(tmp_path_factory.mktemp("verifier"))
-
-
-@pytest.fixture(scope="module")
-def target(verifier_dir):
-    return FrozenTarget.from_pretrained(str(verifier_dir), num_draft_layers=2)
 
 
 def vllm_dflash_reading(config: dict) -> tuple[dict, dict]:

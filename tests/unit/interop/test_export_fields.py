@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.export import B, V, draft_vocab, make_drafter, save_verifier
+from helpers.export import B, V, draft_vocab, make_drafter
 
 from dspark_lightning.interop import build_config, exported_tensors
-from dspark_lightning.models import FrozenTarget
-
-
-@pytest.fixture(scope="module")
-def verifier_dir(tmp_path_factory):
-    return save_verifier(tmp_path_factory.mktemp("verifier"))
-
-
-@pytest.fixture(scope="module")
-def target(verifier_dir):
-    return FrozenTarget.from_pretrained(str(verifier_dir), num_draft_layers=2)
 
 
 def found(config: dict, key: str) -> list:

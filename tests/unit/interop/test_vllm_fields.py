@@ -5,22 +5,11 @@ of the exporting machine (vLLM's rules, from ``transformers_utils/configs/specul
 from __future__ import annotations
 
 import pytest
-from helpers.export import HEADS, make_drafter, save_verifier
+from helpers.export import HEADS, make_drafter
 
 from dspark_lightning.interop import build_config
-from dspark_lightning.models import FrozenTarget
 
 VLLM_DSPARK_ARCHITECTURES = {"Qwen3DSparkModel", "Qwen3OmniDSparkModel"}  # update_dspark keeps these, rewrites others
-
-
-@pytest.fixture(scope="module")
-def verifier_dir(tmp_path_factory):
-    return save_verifier(tmp_path_factory.mktemp("verifier"))
-
-
-@pytest.fixture(scope="module")
-def target(verifier_dir):
-    return FrozenTarget.from_pretrained(str(verifier_dir), num_draft_layers=2)
 
 
 def leaves(value, path=""):
