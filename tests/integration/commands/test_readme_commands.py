@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.paths import ROOT
+from helpers.quickstart import quickstart_fit_args
 from helpers.readme import code_blocks, readme_commands
 
 from dspark_lightning.cli import cli_main
@@ -41,9 +42,7 @@ def as_run_here(words: list[str], tmp_path: Path) -> list[str]:
 def short_fit(words: list[str], tmp_path: Path) -> Path:
     """README's ``fit`` line on the demo data, a few steps; the checkpoint where README's commands look for it."""
     assert words[0] == "fit", words
-    data = [f"--model.target.path={ROOT / 'assets/demo-target'}",
-            f"--data.train_files={ROOT / 'assets/data/regenerated/train-*.jsonl'}",
-            f"--data.val_files={ROOT / 'assets/data/sharegpt/validation-00000.jsonl'}"]  # fmt: skip
+    data = quickstart_fit_args()[3:]  # the demo target and the shipped data, after fit --config QUICKSTART
     configs = [str(ROOT / w) if w.startswith("configs/") else w for w in words]
     cli_main([*configs, *data, *SHORT_FIT, f"--trainer.logger.save_dir={tmp_path / 'runs'}"])
     checkpoint = tmp_path / RUN
