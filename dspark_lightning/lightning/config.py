@@ -137,8 +137,9 @@ def as_hparams(group) -> dict:
     return dataclasses.asdict(group)
 
 
-# Flat hyper-parameters of checkpoints written before the groups: old name -> (group, field).
-_FLAT_NAMES = {
+# Flat hyper-parameters of checkpoints written before the groups, where the old name is not the field's own:
+# old name -> (group, field). Every other loss, training and drafter field keeps its name (``migrate_hparams``).
+_RENAMED = {
     "target": ("target", "path"),
     "target_dtype": ("target", "dtype"),
     "trust_remote_code": ("target", "trust_remote_code"),
@@ -146,14 +147,6 @@ _FLAT_NAMES = {
     "loss": ("loss", "weights"),
     "loss_chunk_size": ("loss", "chunk_size"),
     "candidate_loss_weight": ("loss", "candidate_weight"),
-    **{name: ("loss", name) for name in ("position_weighting", "gamma", "lk_eta", "nla_alpha_min")},
-    **{name: ("loss", name) for name in ("confidence_alpha", "candidate_k", "candidate_rule")},
-    **{
-        name: ("training", name)
-        for name in ("anchor_budget", "seed", "val_anchor_stride", "lr_warmup_steps", "feature_noise_std")
-    },
-    "compile": ("training", "compile"),
-    "draft_vocab": ("drafter", "draft_vocab"),
 }
 
 
@@ -175,15 +168,17 @@ def migrate_hparams(hparams: dict) -> dict:
     if grouped:
         return hparams
     groups: dict[str, dict] = {name: {} for name in GROUPS}
-    drafter_fields = {f.name for f in dataclasses.fields(DrafterConfig)}
+    same_name = {  # a field added to a group later is found here without a table entry
+        f.name: (group, f.name)
+        for group, fields in (("loss", LossArgs), ("training", TrainingArgs), ("drafter", DrafterConfig))
+        for f in dataclasses.fields(fields)
+    }
     for name, value in hparams.items():
         if name in ("optimizer", "scheduler"):  # a config.yaml's model section: the callables stay as they are
             groups[name] = value
-        elif name in _FLAT_NAMES:
-            group, key = _FLAT_NAMES[name]
+        elif name in _RENAMED or name in same_name:
+            group, key = _RENAMED.get(name) or same_name[name]
             groups[group][key] = value
-        elif name in drafter_fields:
-            groups["drafter"][name] = value
         else:
             raise OptionError(f"checkpoint hyper-parameter {name!r} has no place in the config groups")
     if groups["loss"].get("weights", ...) is None:
