@@ -38,12 +38,9 @@ from helpers.paths import ROOT
 from helpers.readme import documents
 
 # the pages that quote results (the design notes and the API reference define things; they quote none)
+DEFINITIONS = (ROOT / "docs/design", ROOT / "docs/api")
 PAGES = [
-    *(
-        page
-        for page in documents()
-        if not page.is_relative_to(ROOT / "docs/design") | page.is_relative_to(ROOT / "docs/api")
-    ),
+    *(page for page in documents() if not any(map(page.is_relative_to, DEFINITIONS))),
     ROOT / "experiments/README.md",
 ]
 TEXT = "\n\n".join(page.read_text() for page in PAGES)  # every checked page, each from its own "# " heading
