@@ -34,7 +34,7 @@ class MuonAdamW(torch.optim.Optimizer):
     (speculators' default recipe: Muon at about 10x the AdamW learning rate).
 
     Takes ``named_parameters()`` (``DSparkModule.configure_optimizers`` passes them); ``param_groups`` are the two
-    inner optimizers' groups, so an LR scheduler scales both. ``configs/recipes/muon.yaml`` selects it."""
+    inner optimizers' groups, so an LR scheduler scales both. ``configs/anchors/muon.yaml`` selects it."""
 
     def __init__(
         self,
