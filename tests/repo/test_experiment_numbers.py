@@ -1,0 +1,357 @@
+"""The numbers of each experiment's own README against the raw files next to it (the sibling of ``test_doc_numbers``).
+
+``test_doc_numbers`` checks README.md, the docs and the experiments ledger; this module checks the pages inside the
+experiment folders, with the same helpers and the same rules:
+
+- every markdown table of a page is a results table (``TABLES``: each column mapped to a field of the experiment's raw
+  file, every cell compared as text, the rows exactly the file's rows) or is generated whole from the raw file and
+  compared as such (``GENERATED``);
+- the rest of the page (its prose, headings and list items; not its code blocks, code spans or link targets) is one
+  ``Figures`` per page (``PAGES``): each claim is a template filled from the raw files, and every other digit must be
+  a setup fact (``context``) or a figure with no raw file (``unbacked``), which the page marks "no raw file" next to it.
+
+A failure names the page and the expected text; fix the page (or the mapping, when a file's layout changed), never
+the raw file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Callable
+
+import pytest
+import test_doc_numbers as doc
+from helpers.paths import ROOT
+from test_doc_numbers import Figures, ResultsTable, bare, fmt, load_json, span
+
+EXPERIMENTS = ROOT / "experiments"
+NAMES = r"SmolLM2(?:-135M(?:-Instruct)?)?|ShareGPT V3|Gemma 3(?: 270M)?|Qwen3"  # model and data set names, not figures
+
+
+def page(folder: str) -> str:
+    return (EXPERIMENTS / folder / "README.md").read_text()
+
+
+def prose(text: str) -> str:
+    """A page without its tables and fenced code blocks: the text whose figures ``PAGES`` accounts for."""
+    kept, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced and not line.startswith("|"):
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def get(path: str, dotted: str, spec: str = ".3f") -> Callable[[], str]:
+    """A thunk: the field at a dotted path of a json raw file, formatted."""
+    return lambda: fmt(doc.path_get(load_json(path), dotted), spec)
+
+
+def thousands(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+# ------------------------------------------------------------------------------------ training_step_speedup/
+STEP = "experiments/training_step_speedup/results/training_step.json"
+
+
+def step_side_label(side: str, r: dict) -> str:
+    """ "before: git `45d632d`, format 1 cache": the side, its revision and its cache format as the table names them."""
+    where = f"git `{r['revision'].removeprefix('git ')}`" if side == "before" else "this tree"
+    cache = re.search(r"format \d cache", r["what"])[0]
+    return f"{side}: {where}, {cache}"
+
+
+def step_tokens(d: dict) -> Callable[[dict], str]:
+    def cell(r):
+        tokens = thousands(r["tokens_per_second"])
+        if r["side"] == "fallback":
+            return f"{tokens} ({d['ratio_fallback']:.2f}×)"
+        if r["side"] == "after":
+            return f"{tokens} ({d['ratio']:.2f}×, per round {d['ratio_rounds']:.2f}×)"
+        return tokens
+
+    return cell
+
+
+def step_part(side: str, part: str, which: tuple[str, ...] = ("forward_ms",)) -> Callable[[], str]:
+    """A thunk: one part's profiled ms (forward, or forward + backward) of one side of the step benchmark."""
+    return lambda: fmt(sum(load_json(STEP)[side]["profile"]["parts"][part][w] for w in which), ".1f")
+
+
+# ------------------------------------------------------------------------------------- gemma3_training_step/
+GEMMA_STEP = "experiments/gemma3_training_step/results/gemma_step.json"
+GEMMA_VOCABS = {"vd32k": "Vd = {:,}", "full": "Vd = {:,} (all of V)"}
+
+
+def gemma_profile(part: str) -> Callable[[], str]:
+    """A thunk: a part's profiled ms (forward + backward) of the full-vocabulary step."""
+    return lambda: thousands(sum(load_json(GEMMA_STEP)["full"]["profile"]["parts"][part].values()))
+
+
+def gemma_ratio(key: str, spec: str = ".1f") -> Callable[[], str]:
+    """A thunk: full / Vd = 32k of one field (how much the 32k draft vocabulary saves)."""
+    return lambda: fmt(load_json(GEMMA_STEP)["full"][key] / load_json(GEMMA_STEP)["vd32k"][key], spec)
+
+
+def gemma_pass(case: str) -> Callable[[], str]:
+    c = lambda: load_json(GEMMA_STEP)["full_vocab_pass"]["cases"][case]  # noqa: E731
+    return lambda: fmt(c()["before_ms"] / c()["after_ms"], ".1f")
+
+
+# --------------------------------------------------------------------------------------------- gemma3_heads/
+GEMMA = "experiments/gemma3_heads/results.json"
+GEMMA_CHECK = "experiments/gemma3_heads/speculators_check.json"
+
+
+def gemma_eval(r: dict, eval_set: str) -> dict:
+    """A head's whole-block row on one evaluation set."""
+    (e,) = [e for e in r["eval_sets"] if e["eval_set"] == eval_set and e["threshold"] is None]
+    return e
+
+
+def gemma_rows() -> dict[str, dict]:
+    return {r["head"]: r for r in load_json(GEMMA)["rows"]}
+
+
+def gemma_gain(eval_set: str | None) -> Callable[[], str]:
+    """A thunk: the Markov heads' measured tau over the head-less drafter's, "+0.04–0.05" (one figure when equal)."""
+
+    def value():
+        rows = gemma_rows()
+        tau = (lambda r: r["measured_tau"]) if eval_set is None else (lambda r: gemma_eval(r, eval_set)["measured_tau"])
+        return "+" + span([tau(rows[h]) - tau(rows["none"]) for h in ("vanilla", "gated")], ".2f")
+
+    return value
+
+
+def gemma_cost(phase: str | None) -> Callable[[], str]:
+    """A thunk: a whole-block step (or one phase of it) in `generate` tokens, over the three heads."""
+
+    def value():
+        walls = [r["wall_clock"] for r in load_json(GEMMA)["rows"]]
+        cost = lambda w: sum(w["phase_ms_per_step"].values()) if phase is None else w["phase_ms_per_step"][phase]  # noqa: E731
+        return span([cost(w) * w["baseline_tokens_per_second"] / 1000 for w in walls], ".1f")
+
+    return value
+
+
+def gemma_setup(key: str) -> Callable[[], str]:
+    """A thunk: a setup figure every head's rows share (prompts, new tokens, steps)."""
+
+    def value():
+        rows = load_json(GEMMA)["rows"]
+        values = [r[key] for r in rows if key in r] + [e[key] for r in rows for e in r["eval_sets"] if key in e]
+        return doc.same(values, ".0f")
+
+    return value
+
+
+def gemma_check_max() -> str:
+    """The largest difference of the speculators check, over both heads and every tensor."""
+    return fmt(max(v for h in load_json(GEMMA_CHECK).values() for v in h["max_abs_difference"].values()), ".1f")
+
+
+# ------------------------------------------------------------------------------------------- mutation_audit/
+AUDIT = "experiments/mutation_audit/results.json"
+
+
+def mutation_script():
+    spec = importlib.util.spec_from_file_location("mutation_audit", ROOT / "scripts/mutation_audit.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+# Tables (by page, section and position) mapped to their raw file.
+# fmt: off
+TABLES = {
+    ("training_step_speedup", 0): ResultsTable(
+        STEP, "results/training_step.json",
+        lambda d: {(step_side_label(s, d[s]),): {"side": s, **d[s]} for s in ("before", "fallback", "after")},
+        lambda d: {
+            "side": lambda r: step_side_label(r["side"], r),
+            "step ms": lambda r: fmt(r["step_ms"], ".0f"),
+            "tokens/s": step_tokens(d),
+            "peak tensor memory per step": lambda r: f"{r['peak_memory_mb']:.0f} MiB",
+            "first-step loss error vs float64": lambda r: f"{r['first_loss_error']:.1e}",
+        },
+    ),
+    ("gemma3_training_step", 0): ResultsTable(
+        GEMMA_STEP, "results/gemma_step.json",
+        lambda d: {(GEMMA_VOCABS[k].format(d[k]["draft_vocab_size"]),): d[k] for k in GEMMA_VOCABS},
+        lambda d: {
+            "draft vocabulary": lambda r: next(GEMMA_VOCABS[k] for k in GEMMA_VOCABS if d[k] is r).format(
+                r["draft_vocab_size"]),
+            "step ms": lambda r: thousands(r["step_ms"]),
+            "tokens/s": lambda r: thousands(r["tokens_per_second"]),
+            "peak tensor memory per step": lambda r: f"{thousands(r['peak_memory_mb'])} MiB",
+            "peak RSS": lambda r: f"{thousands(r['peak_rss_mb'])} MiB",
+            "trainable parameters": lambda r: f"{r['trainable_params'] / 1e6:.1f} M",
+        },
+    ),
+    ("gemma3_training_step", 1): ResultsTable(
+        GEMMA_STEP, "",  # right below the first table, which names the file
+        lambda d: {(name,): {"case": name, **c} for name, c in d["full_vocab_pass"]["cases"].items()},
+        lambda d: {
+            "full-vocabulary pass": lambda r: r["case"],
+            "positions": lambda r: str(r["rows"]),
+            f"`{d['full_vocab_pass']['revision']}` ms": lambda r: thousands(r["before_ms"]),
+            "this tree ms": lambda r: thousands(r["after_ms"]),
+            "max abs difference": lambda r: f"{r['max_abs_difference']:.1e}",
+            "argmax equal": lambda r: "yes" if r["argmax_equal"] else "no",
+        },
+    ),
+    ("gemma3_heads", 0): ResultsTable(
+        GEMMA, "[`results.json`](results.json)",
+        lambda d: {(r["head"],): r for r in d["rows"]},
+        lambda d: {
+            "head": lambda r: r["head"],
+            "measured tau": doc.num("measured_tau"),
+            "speedup (whole blocks)": lambda r: f"{r['wall_clock']['speedup']:.2f}x",
+            "humaneval tau": lambda r: fmt(gemma_eval(r, "humaneval")["measured_tau"], ".3f"),
+            "humaneval speedup": lambda r: f"{gemma_eval(r, 'humaneval')['speedup']:.2f}x",
+            "outputs equal": lambda r: "yes" if r["wall_clock"]["outputs_equal"] and all(
+                e["outputs_equal"] for e in r["eval_sets"]) else "no",
+        },
+    ),
+}
+
+# Tables a script writes whole from the raw file: the page must be what the script makes of that file today.
+GENERATED = {
+    "mutation_audit": lambda: mutation_script().readme(load_json(AUDIT)["results"]),
+}
+
+# Every page's prose: its figures, filled from the raw files, and the setup facts beside them.
+PAGES = {
+    "training_step_speedup": Figures(
+        claims=[
+            ("H = {}, V = {}, target layers [{}]", get(STEP, "setup.shape.hidden", ".0f"),
+             lambda: thousands(load_json(STEP)["setup"]["shape"]["vocab"]),
+             lambda: ", ".join(map(str, load_json(STEP)["setup"]["shape"]["layer_ids"]))),
+            ("A = {} anchors", get(STEP, "setup.anchors", ".0f")),
+            ("one packed row of S = {} tokens per step", get(STEP, "setup.tokens_per_step", ".0f")),
+            ("r = {}", get(STEP, "setup.rank", ".0f")),
+            ("(load average {} → {})", lambda: fmt(load_json(STEP)["machine"]["load_average"].split()[0], ".1f"),
+             lambda: fmt(load_json(STEP)["machine"]["load_average_end"].split()[0], ".1f")),
+            ("({} rounds of {} timed steps", get(STEP, "setup.rounds", ".0f"), get(STEP, "setup.steps_per_round", ".0f")),
+            ("the teacher: {} → {} ms", step_part("before", "teacher"), step_part("after", "teacher")),
+            ("the optimizer {} → {} ms", step_part("before", "optimizer"), step_part("after", "optimizer")),
+            ("attention over the context {} → {} ms", step_part("before", "attention", ("forward_ms", "backward_ms")),
+             step_part("after", "attention", ("forward_ms", "backward_ms"))),
+            ("the target's own forward ({} ms per row): {}×", lambda: thousands(load_json(STEP)["target_forward_ms"]),
+             get(STEP, "online_ratio", ".2f")),
+            ("still trains, {}× faster", get(STEP, "ratio_fallback", ".2f")),
+            ("(about {} minutes here", lambda: fmt(load_json(STEP)["seconds"] / 60, ".0f")),
+        ],
+        context=["at least 2×", "B = 8", "Vd = 8192", "fp32", "2-core CPU", "format 1", "format 2", "(≥ 2×"],
+        unbacked=["1.97× (per round 1.91×;"],
+    ),
+    "gemma3_training_step": Figures(
+        claims=[
+            ("(a {}-token vocabulary)", lambda: thousands(load_json(GEMMA_STEP)["setup"]["shape"]["vocab"])),
+            ("a {}-token draft vocabulary", lambda: thousands(load_json(GEMMA_STEP)["setup"]["draft_vocab"])),
+            ("vs all {} tokens", lambda: thousands(load_json(GEMMA_STEP)["setup"]["shape"]["vocab"])),
+            ("(H = {},\nV = {}, target layers [{}]), S = {}, A = {}",
+             get(GEMMA_STEP, "setup.shape.hidden", ".0f"), lambda: thousands(load_json(GEMMA_STEP)["setup"]["shape"]["vocab"]),
+             lambda: ", ".join(map(str, load_json(GEMMA_STEP)["setup"]["shape"]["layer_ids"])),
+             get(GEMMA_STEP, "setup.seq_len", ".0f"), get(GEMMA_STEP, "setup.anchors", ".0f")),
+            ("({} heads, {} KV head, head_dim {},\nMLP {})", get(GEMMA_STEP, "setup.shape.heads", ".0f"),
+             get(GEMMA_STEP, "setup.shape.kv_heads", ".0f"), get(GEMMA_STEP, "setup.shape.head_dim", ".0f"),
+             get(GEMMA_STEP, "setup.shape.intermediate", ".0f")),
+            ("r = {}", get(GEMMA_STEP, "setup.rank", ".0f")),
+            ("{} alternated\nrounds of {} steps per side", get(GEMMA_STEP, "setup.rounds", ".0f"),
+             get(GEMMA_STEP, "setup.steps", ".0f")),
+            ("(load average {} → {})", lambda: fmt(load_json(GEMMA_STEP)["machine"]["load_average"].split()[0], ".1f"),
+             lambda: fmt(load_json(GEMMA_STEP)["machine"]["load_average_end"].split()[0], ".1f")),
+            ("medians of {} alternated runs", get(GEMMA_STEP, "full_vocab_pass.repeats", ".0f")),
+            ("the draft LM head ({} ms profiled), the loss ({} ms), the teacher's head rows\n({} ms) and the Markov "
+             "head ({} ms)", gemma_profile("draft_head"), gemma_profile("loss"), gemma_profile("teacher"),
+             gemma_profile("markov")),
+            ("[{}, {}] tensors", get(GEMMA_STEP, "setup.teacher_rows", ".0f"),
+             lambda: thousands(load_json(GEMMA_STEP)["setup"]["shape"]["vocab"])),
+            ("cuts the step {}×\nand its peak tensor memory {}×", gemma_ratio("step_ms"), gemma_ratio("peak_memory_mb")),
+            ("is {}× / {}× faster", gemma_pass("online teacher"), gemma_pass("cache writer statistics")),
+            ("(about {} minutes here", lambda: fmt(load_json(GEMMA_STEP)["seconds"] / 60, ".0f")),
+        ],
+        context=["format 2", "B = 8", "one draft layer", "fp32",
+                 "2-core CPU", "(16 MiB chunks)", "32k draft", "§11", "fp32 rounding", "gemma3_heads",
+                 "gemma3-270m"],
+    ),
+    "gemma3_heads": Figures(
+        claims=[
+            ("draft vocabulary Vd = 32,768 ({}% held-out coverage)",
+             doc.vocab_metadata("assets/gemma3/draft_vocab.safetensors", "held_out_coverage", 100, ".1f")),
+            ("{} steps", gemma_setup("steps")),
+            ("{} new tokens: the recipe's {} held-out prompts", gemma_setup("max_new_tokens"), gemma_setup("num_prompts")),
+            ("the first {} `humaneval` problems", gemma_setup("num_prompts")),
+            ("(met: {} on the\nheld-out prompts, {} on HumanEval)", gemma_gain(None), gemma_gain("humaneval")),
+            ("a whole-block step cost {} `generate` tokens here, its verify forward alone {}", gemma_cost(None),
+             gemma_cost("verify")),
+            ("(load {} when timed", lambda: span([r["load_average"] for r in load_json(GEMMA)["rows"]], ".0f")),
+            ("(max difference {} each", gemma_check_max),
+        ],
+        context=["#30", "gemma3", "512 completion records", "layers 1, 9, 16", "B = 8",
+                 "64 blocks per row", "seed 0", "262k LM head", "speculators 0.9.0", "fp32", "2 cores"],
+    ),
+    "mutation_audit": Figures(
+        claims=[
+            ("about {} minutes of mutated test runs", lambda: fmt(sum(r["seconds"] for r in load_json(AUDIT)["results"]) / 60,
+                                                              ".0f")),
+            ("**Result.** {} mutations, {} caught, {} missed ({} caught).", get(AUDIT, "mutations", ".0f"),
+             get(AUDIT, "caught", ".0f"), get(AUDIT, "missed", ".0f"),
+             lambda: f"{load_json(AUDIT)['caught'] / load_json(AUDIT)['mutations']:.0%}"),
+        ],
+        context=["issue 42"],
+        unbacked=["plus about 1 for the unmutated baseline"],
+    ),
+}
+# fmt: on
+
+
+# ---------------------------------------------------------------------------------------------------------- tests
+def tables(folder: str) -> list[doc.Table]:
+    return doc.readme_tables(page(folder))
+
+
+def test_every_experiment_page_is_checked():
+    """Every experiment folder's README is in ``PAGES`` (the ledger and README.md are ``test_doc_numbers``')."""
+    pages = sorted(
+        str(p.parent.relative_to(EXPERIMENTS)) for p in EXPERIMENTS.rglob("README.md") if p.parent != EXPERIMENTS
+    )
+    assert pages == sorted(PAGES), f"experiment READMEs vs PAGES: {pages} vs {sorted(PAGES)}"
+
+
+@pytest.mark.parametrize("folder", list(PAGES))
+def test_every_table_is_mapped(folder):
+    found = [(folder, i) for i, _ in enumerate(tables(folder))]
+    mapped = [key for key in TABLES if key[0] == folder]
+    if folder in GENERATED:
+        return  # the whole page is compared with what its script writes
+    assert found == mapped, f"{folder}/README.md: tables {found}, mapped in TABLES {mapped}"
+
+
+@pytest.mark.parametrize("key", list(TABLES), ids=lambda k: f"{k[0]}#{k[1]}")
+def test_results_table_matches_its_file(key):
+    folder, index = key
+    doc.check_results_table(TABLES[key], tables(folder)[index], f"experiments/{folder}/README.md table {index}")
+
+
+@pytest.mark.parametrize("folder", list(GENERATED))
+def test_generated_page_is_what_its_script_writes_from_the_raw_file(folder):
+    assert page(folder) == GENERATED[folder](), f"experiments/{folder}/README.md differs from its script's rendering"
+
+
+@pytest.mark.parametrize("folder", list(PAGES))
+def test_page_figures_match_their_files(folder):
+    text = re.sub(r"\]\([^)]*\)", "]", prose(page(folder)))  # link targets are paths, not figures
+    text = re.sub(NAMES, " ", text)
+    doc.check_figures(text, PAGES[folder], f"experiments/{folder}/README.md")
+
+
+def test_the_page_text_drops_tables_and_code_blocks():
+    text = "# T 1\n\ntau 2.0\n\n| a | 3 |\n|---|---|\n\n```\nrun 4\n```\nend"
+    assert bare(prose(text)).split() == ["#", "T", "1", "tau", "2.0", "end"]
