@@ -234,6 +234,63 @@ def kl_seed_gap() -> str:
     return fmt(max(taus) - min(taus), ".2f")
 
 
+# ------------------------------------------------------------------------------------- smollm2_heads/3000steps/
+HEADS_400 = "experiments/smollm2_heads/400steps/results.json"
+CURVE_3000 = "experiments/smollm2_heads/3000steps/validation_curve.csv"
+# Each row of the 3,000-step page's table: the report it comes from, and how many regenerated conversations that
+# run trained on (a setup fact; the steps come from the report).
+CONVERSATIONS = {HEADS_400: 378, HEADS_1200: 951, HEADS_3000: 1284}
+ROW_NOTES = {HEADS_400: " (`smollm2_400steps`)", HEADS_1200: " (report)", HEADS_3000: ""}
+HEADS_3000_ROWS = {HEADS_400: ("gated",), HEADS_1200: ("none", "gated"), HEADS_3000: ("none", "gated")}
+
+
+def long_run_records(_) -> dict:
+    records = {}
+    for path, heads in HEADS_3000_ROWS.items():
+        for name in heads:
+            r = head_row(path, name)
+            records[(name, f"{r['steps']:,} / {CONVERSATIONS[path]:,}{ROW_NOTES[path]}")] = r
+    return records
+
+
+def scheduled(r: dict) -> str:
+    w = r.get("wall_clock_scheduled")
+    return "n/a" if w is None else f"{w['speedup']:.2f}x ({w['mean_verified']:.2f})"
+
+
+def curve(run: str, step: int, column: str = "tf_greedy_tau") -> Callable[[], str]:
+    return lambda: fmt(doc.row(CURVE_3000, run=run, step=step)[column], ".3f")
+
+
+def losses_fall() -> str:
+    """ "fell" when every run's validation loss falls at each validation of the curve."""
+    runs = {r["run"] for r in doc.load_csv(CURVE_3000)}
+    losses = [[float(r["val_loss"]) for r in doc.load_csv(CURVE_3000) if r["run"] == run] for run in runs]
+    return "fell" if all(a > b for loss in losses for a, b in zip(loss, loss[1:])) else "did not fall"
+
+
+def tau_gain(name: str) -> float:
+    return head_row(HEADS_3000, name)["measured_tau"] - head_row(HEADS_1200, name)["measured_tau"]
+
+
+def step_phase(r: dict, phase: str | None = None, scheduled: bool = False) -> float:
+    p = r["wall_clock_scheduled" if scheduled else "wall_clock"]["phase_ms_per_step"]
+    return {None: sum(p.values()), "drafter": p["draft_backbone"] + p["draft_head"]}.get(phase) or p[phase]
+
+
+def g3000(*keys: str, spec: str = ".2f") -> Callable[[], str]:
+    return lambda: fmt(doc.path_get(head_row(HEADS_3000, "gated"), ".".join(keys)), spec)
+
+
+def gated_generate_ms() -> float:
+    return 1000 / head_row(HEADS_3000, "gated")["wall_clock"]["baseline_tokens_per_second"]
+
+
+def selector_trend(key: str) -> Callable[[], str]:
+    """ "0.93 → 0.84 → 0.74": the gated head's ``key`` at 400, 1,200 and 3,000 steps."""
+    return lambda: " → ".join(fmt(head_row(p, "gated")[key], ".2f") for p in HEADS_3000_ROWS)
+
+
 # Tables (by page, section and position) mapped to their raw file.
 # fmt: off
 TABLES = {
@@ -298,6 +355,22 @@ TABLES = {
             "speedup vs `generate` [95% CI]": ci("speedup", "speedup_ci", "x"),
             "drafts verified per step": doc.num("mean_verified", 2),
             "outputs equal": lambda r: "yes" if r["outputs_equal"] else "no",
+        },
+    ),
+    ("smollm2_heads/3000steps", 0): ResultsTable(
+        HEADS_3000, "",  # the page names the reports right below the table
+        long_run_records,
+        lambda _: {
+            "head": lambda r: r["head"],
+            "steps / conversations": lambda r: next(k[1] for k, v in long_run_records(None).items() if v is r),
+            "TF greedy tau": doc.num("teacher_greedy_tau"),
+            "measured tau": doc.num("measured_tau"),
+            "Selector tau (k=16)": doc.num("measured_selector_tau"),
+            "agreement@16": doc.num("agreement_at_k"),
+            "coverage@16": doc.num("coverage_at_k"),
+            "speedup, whole blocks": doc.num("wall_clock.speedup", 2, "x"),
+            "speedup, cost-model schedule (drafts verified)": scheduled,
+            "outputs equal": lambda r: "yes" if r["wall_clock"]["outputs_equal"] else "no",
         },
     ),
 }
@@ -434,6 +507,70 @@ PAGES = {
                  "the 2 cores"],
         unbacked=["greedy tau 1.405", "T(n) = 273.85 + 8.248·n ms", "load of about 2–4", "(load 3.7 at the start, 1.9 at the end",
                   "about 50 minutes"],
+    ),
+    "smollm2_heads/3000steps": Figures(
+        claims=[
+            ("{} steps on {} on-policy conversations", head(HEADS_3000, "gated", "steps", ",.0f"),
+             lambda: f"{CONVERSATIONS[HEADS_3000]:,}"),
+            ("trained **{}× longer than", lambda: fmt(head_row(HEADS_3000, "gated")["steps"] / head_row(HEADS_1200, "gated")["steps"], ".1f")),
+            ("on {}× the data**: {} steps", lambda: fmt(CONVERSATIONS[HEADS_3000] / CONVERSATIONS[HEADS_1200], ".2f"),
+             head(HEADS_3000, "gated", "steps", ",.0f")),
+            ("on the **{}** regenerated training conversations\n(the {} of the report + the next {}",
+             lambda: f"{CONVERSATIONS[HEADS_3000]:,}", lambda: str(CONVERSATIONS[HEADS_1200]),
+             lambda: str(CONVERSATIONS[HEADS_3000] - CONVERSATIONS[HEADS_1200])),
+            ("cosine to zero at step {}", head(HEADS_3000, "gated", "steps", ",.0f")),
+            ("{} held-out prompts × {} new tokens", head(HEADS_3000, "gated", "num_prompts", ".0f"),
+             head(HEADS_3000, "gated", "wall_clock.max_new_tokens", ".0f")),
+            ("load {} when timed)", lambda: doc.same([r["load_average"] for r in load_json(HEADS_3000)["rows"]], ".1f")),
+            ("{}× the steps on {}× the data: measured tau\n  +{} for both (gated {} → {}, none {} → {}); the gated head "
+             "stays {} ahead", lambda: fmt(head_row(HEADS_3000, "gated")["steps"] / head_row(HEADS_1200, "gated")["steps"], ".1f"),
+             lambda: fmt(CONVERSATIONS[HEADS_3000] / CONVERSATIONS[HEADS_1200], ".2f"),
+             lambda: doc.same([tau_gain("gated"), tau_gain("none")], ".2f"),
+             head(HEADS_1200, "gated", "measured_tau"), head(HEADS_3000, "gated", "measured_tau"),
+             head(HEADS_1200, "none", "measured_tau"), head(HEADS_3000, "none", "measured_tau"),
+             lambda: fmt(head_row(HEADS_3000, "gated")["measured_tau"] - head_row(HEADS_3000, "none")["measured_tau"], ".2f")),
+            ("still rises at step {} ({} → {} over the last {} steps)", head(HEADS_3000, "gated", "steps", ",.0f"),
+             curve("gated_3000_steps", 2500), curve("gated_3000_steps", 3000), lambda: str(3000 - 2500)),
+            ("has flattened\n  ({} → {})", curve("none_3000_steps", 2500), curve("none_3000_steps", 3000)),
+            ("validation loss {} throughout", losses_fall),
+            ("**Wall clock: {}× with the cost-model schedule", g3000("wall_clock_scheduled", "speedup")),
+            ("A whole-block step costs {} ms (drafter\n  {} ms, a {}-row verify on packed kernels {} ms) against {} ms "
+             "for a `generate` token",
+             lambda: fmt(step_phase(head_row(HEADS_3000, "gated")), ".0f"),
+             lambda: fmt(step_phase(head_row(HEADS_3000, "gated"), "drafter"), ".0f"),
+             lambda: fmt(head_row(HEADS_3000, "gated")["wall_clock"]["mean_verified"] + 1, ".0f"),
+             lambda: fmt(step_phase(head_row(HEADS_3000, "gated"), "verify"), ".0f"),
+             lambda: fmt(gated_generate_ms(), ".0f")),
+            ("break-even\n  is tau ≈ {} and the gated head measures {} ({}×)",
+             lambda: fmt(step_phase(head_row(HEADS_3000, "gated")) / gated_generate_ms(), ".2f"),
+             g3000("measured_tau"), g3000("wall_clock", "speedup")),
+            ("it verifies {} drafts a step ({} ms) and\n  accepts a little less (tau {}): {}×",
+             g3000("wall_clock_scheduled", "mean_verified", spec=".1f"),
+             lambda: fmt(step_phase(head_row(HEADS_3000, "gated"), "verify", scheduled=True), ".0f"),
+             g3000("wall_clock_scheduled", "tau"), g3000("wall_clock_scheduled", "speedup")),
+            ("measured tau rose ≈ {} per {}× steps (with {}× the data)",
+             lambda: doc.same([tau_gain("gated"), tau_gain("none")], ".2f"),
+             lambda: fmt(head_row(HEADS_3000, "gated")["steps"] / head_row(HEADS_1200, "gated")["steps"], ".1f"),
+             lambda: fmt(CONVERSATIONS[HEADS_3000] / CONVERSATIONS[HEADS_1200], ".2f")),
+            ("Break-even (≈ {}) would need roughly {}× more again (≈ {} steps",
+             lambda: fmt(step_phase(head_row(HEADS_3000, "gated")) / gated_generate_ms(), ".2f"),
+             lambda: fmt(head_row(HEADS_3000, "gated")["steps"] / head_row(HEADS_1200, "gated")["steps"], ".1f"),
+             lambda: f"{head_row(HEADS_3000, 'gated')['steps'] ** 2 / head_row(HEADS_1200, 'gated')['steps']:,.0f}"),
+            ("went {} from {} to {} steps,\n  agreement@16 {}", selector_trend("coverage_at_k"),
+             head(HEADS_400, "gated", "steps", ".0f"), head(HEADS_3000, "gated", "steps", ",.0f"),
+             selector_trend("agreement_at_k")),
+            ("stays within {} of\n  the sequential decode ({})",
+             lambda: span([head_row(p, "gated")["measured_tau"] - head_row(p, "gated")["measured_selector_tau"]
+                           for p in HEADS_3000_ROWS], ".2f"),
+             lambda: ", ".join(f"{head_row(p, 'gated')['measured_selector_tau']:.3f} / {head_row(p, 'gated')['measured_tau']:.3f}"
+                               for p in HEADS_3000_ROWS)),
+            ("(load {});", lambda: doc.same([r["load_average"] for r in load_json(HEADS_3000)["rows"]], ".1f")),
+        ],
+        context=["the 3,000-step rows", "the 951-conversation cache", "1024-token row", "203 + 69 packed rows, about 11 passes", "seed 0", "B = 8", "32 blocks per row",
+                 "warm-up 40 steps", "2-core CPU", "16 cached validation rows", "after about 11 passes over the 272 rows",
+                 "below 1.0×", "Coverage@16", "top 16", "top-16", "the issue's 2.5",
+                 "(the DSpark paper's 5–6 are on 8B targets"],
+        unbacked=["about 2 hours here"],
     ),
 }
 # fmt: on
