@@ -291,6 +291,42 @@ def selector_trend(key: str) -> Callable[[], str]:
     return lambda: " → ".join(fmt(head_row(p, "gated")[key], ".2f") for p in HEADS_3000_ROWS)
 
 
+# ----------------------------------------------------------------------------------- smollm2_heads/gated_longer/
+LONGER, LONGER_CURVE = (
+    "experiments/smollm2_heads/gated_longer/decode.json",
+    "experiments/smollm2_heads/gated_longer/validation_curve.csv",
+)
+LONGER_RUN, REPORT_RUN = "longer_951_records", "report_378_records"
+LONGER_MODES = {"parallel": "parallel (no Markov bias)", "markov": "markov", "selector": "selector (k = 16)"}
+
+
+def longer(mode: str) -> dict:
+    (r,) = [r for r in load_json(LONGER) if r["mode"] == mode]
+    return r
+
+
+def longer_curve(run: str, step: int, column: str = "tf_greedy_tau", spec: str = ".3f") -> Callable[[], str]:
+    return lambda: fmt(doc.row(LONGER_CURVE, run=run, step=step)[column], spec)
+
+
+def curve_records(rows) -> dict:
+    report = {r["step"]: r for r in rows if r["run"] == REPORT_RUN}
+    return {(r["step"],): {**r, "report": report.get(r["step"])} for r in rows if r["run"] == LONGER_RUN}
+
+
+def longer_loss_falls() -> str:
+    losses = [float(r["val_loss"]) for r in doc.load_csv(LONGER_CURVE) if r["run"] == LONGER_RUN]
+    return "falls" if all(a > b for a, b in zip(losses, losses[1:])) else "does not fall"
+
+
+def same_checkpoint_forwards() -> str:
+    """The verify steps of the markov measurement, counted by the 1,200-step report that measured the same checkpoint
+    (the same tau to the last digit: the same tokens)."""
+    r = head_row(HEADS_1200, "gated")["wall_clock"]
+    assert r["tau"] == longer("markov")["tau"], "the 1,200-step report's gated row is no longer this measurement"
+    return str(r["target_forwards"])
+
+
 # Tables (by page, section and position) mapped to their raw file.
 # fmt: off
 TABLES = {
@@ -371,6 +407,31 @@ TABLES = {
             "speedup, whole blocks": doc.num("wall_clock.speedup", 2, "x"),
             "speedup, cost-model schedule (drafts verified)": scheduled,
             "outputs equal": lambda r: "yes" if r["wall_clock"]["outputs_equal"] else "no",
+        },
+    ),
+    ("smollm2_heads/gated_longer", 0): ResultsTable(
+        LONGER_CURVE, "`validation_curve.csv`",
+        curve_records,
+        lambda _: {
+            "step": lambda r: r["step"],
+            "TF greedy tau (951 records)": lambda r: fmt(r["tf_greedy_tau"], ".3f"),
+            "TF expected tau": lambda r: fmt(r["tf_expected_tau"], ".3f"),
+            "val loss": lambda r: fmt(r["val_loss"], ".3f"),
+            "report run (378 records) TF greedy tau": lambda r: "" if r["report"] is None else fmt(
+                r["report"]["tf_greedy_tau"], ".3f"),
+        },
+    ),
+    ("smollm2_heads/gated_longer", 1): ResultsTable(
+        LONGER, "(`decode.json`)",
+        lambda d: {(LONGER_MODES[r["mode"]],): r for r in d},
+        lambda _: {
+            "mode": lambda r: LONGER_MODES[r["mode"]],
+            "measured tau": doc.num("tau"),
+            "speculative tok/s": doc.num("tokens_per_second", 1),
+            "`generate` tok/s": doc.num("baseline_tokens_per_second", 1),
+            "speedup": doc.num("speedup", 2, "x"),
+            "draft / verify ms per step": lambda r: "{:.1f} / {:.1f}".format(
+                step_phase({"wall_clock": r}, "drafter"), r["phase_ms_per_step"]["verify"]),
         },
     ),
 }
@@ -571,6 +632,37 @@ PAGES = {
                  "below 1.0×", "Coverage@16", "top 16", "top-16", "the issue's 2.5",
                  "(the DSpark paper's 5–6 are on 8B targets"],
         unbacked=["about 2 hours here"],
+    ),
+    "smollm2_heads/gated_longer": Figures(
+        claims=[
+            ("a longer gated run on {}x the on-policy data", lambda: fmt(CONVERSATIONS[HEADS_1200] / CONVERSATIONS[HEADS_400], ".1f")),
+            ("Against the report's gated row (measured tau {}, speedup {}x): +{} measured tau and +{}x speedup.",
+             head(HEADS_400, "gated", "measured_tau"), head(HEADS_400, "gated", "wall_clock.speedup", ".2f"),
+             lambda: fmt(longer("markov")["tau"] - head_row(HEADS_400, "gated")["measured_tau"], ".2f"),
+             lambda: fmt(longer("markov")["speedup"] - head_row(HEADS_400, "gated")["wall_clock"]["speedup"], ".2f")),
+            ("At 400 steps the two runs are equal ({} vs {} TF\n  greedy tau)", longer_curve(LONGER_RUN, 400),
+             longer_curve(REPORT_RUN, 400)),
+            ("(validation loss {} throughout)", longer_loss_falls),
+            ("gives +{} TF greedy tau", lambda: fmt(float(doc.row(LONGER_CURVE, run=LONGER_RUN, step=1200)["tf_greedy_tau"])
+                                                   - float(doc.row(LONGER_CURVE, run=LONGER_RUN, step=400)["tf_greedy_tau"]),
+                                                   ".2f")),
+            ("Measured tau {} against the issue's 2.5, and a {}x wall-clock speedup (break-even\n  needs tau about {}",
+             lambda: fmt(longer("markov")["tau"], ".2f"), lambda: fmt(longer("markov")["speedup"], ".2f"),
+             lambda: fmt(step_phase({"wall_clock": longer("markov")}) * longer("markov")["baseline_tokens_per_second"] / 1000,
+                         ".0f")),
+            ("Measured tau is above the teacher-forced greedy tau here ({} vs {}), as in the report ({} vs {})",
+             lambda: fmt(longer("markov")["tau"], ".2f"), longer_curve(LONGER_RUN, 1200, spec=".2f"),
+             head(HEADS_400, "gated", "measured_tau", ".2f"), head(HEADS_400, "gated", "teacher_greedy_tau", ".2f")),
+            ("({} verify steps, the `target_forwards`", same_checkpoint_forwards),
+        ],
+        context=["**1,200 steps on 951 regenerated training conversations** (203 packed 1024-token rows)",
+                 "**400 steps on 378 conversations** (81 rows)", "seed 0", "B = 8", "32 blocks per row",
+                 "(Vd = 8,192, built from the 378)", "The 951 conversations", "its first 378 lines", "2-core CPU",
+                 "16 rows) every 200 steps", "8 held-out prompts x 64 new tokens", "At 400 steps",
+                 "400 steps see 400 rows, about five passes over the 81 rows", "the 203 here",
+                 "flattens at 1,000-1,200 steps", "verifying 8 tokens", "The DSpark paper's 5-6",
+                 "8 prompts x 64 tokens", "16 rows of 1,024 tokens", "1200steps/"],
+        unbacked=["load 2-5, no raw file", "load 2-5;", "about 1 s", "about 14 conversations a minute"],
     ),
 }
 # fmt: on
