@@ -23,7 +23,7 @@ from collections.abc import Callable
 import pytest
 import test_doc_numbers as doc
 from helpers.paths import ROOT
-from test_doc_numbers import Figures, ResultsTable, bare, fmt, load_json, span
+from test_doc_numbers import Figures, ResultsTable, bare, fmt, load_json, mean, span
 
 EXPERIMENTS = ROOT / "experiments"
 NAMES = r"SmolLM2(?:-135M(?:-Instruct)?)?|ShareGPT V3|Gemma 3(?: 270M)?|Qwen3"  # model and data set names, not figures
@@ -327,6 +327,152 @@ def same_checkpoint_forwards() -> str:
     return str(r["target_forwards"])
 
 
+# ---------------------------------------------------------------------------------------- smollm2_cpu_hour_study/
+STUDY, STUDY_CSV = "experiments/smollm2_cpu_hour_study/results.json", "experiments/smollm2_cpu_hour_study/results.csv"
+PAYS, CODE_DATA = doc.PAYS, doc.CODE_DATA
+TWO_THREADS, PACKED_HEAD = doc.TWO_THREADS, doc.PACKED_HEAD
+LM_HEAD, THREADS = "benchmarks/decoding/results/lm_head.json", "benchmarks/decoding/results/threads.json"
+G1200, G2400, NONE1200 = doc.G1200, doc.G2400, "none (1,200 steps)"
+CHAT, CODE, T1, T1200, T2400, P2400 = (
+    doc.CHAT,
+    doc.CODE,
+    "gated (1,200 steps), 1 thread",
+    doc.T1200,
+    doc.T2400,
+    doc.P2400,
+)
+pays, pays_difference, study, study_fit = doc.pays, doc.pays_difference, doc.study, doc.study_fit
+CODE_LABELS = {CHAT: "chat data", CODE: "chat + code data"}
+THREAD_LABELS = {T1: "gated, 1,200 steps, 1 thread", T1200: "gated, 1,200 steps, 2 threads",
+                 T2400: "gated, 2,400 steps, 2 threads"}  # fmt: skip
+TWO_THREAD_ROWS = [(T1, "sharegpt_heldout", True), *((h, e, c) for h in (T1200, T2400)
+                   for e, c in (("sharegpt_heldout", False), ("sharegpt_heldout", True), ("humaneval", True)))]  # fmt: skip
+
+
+def signed(value: float, ascii_minus: bool = True) -> str:
+    text = format(value, "+.3f")
+    return text if ascii_minus else text.replace("-", "−")
+
+
+def study_delta(r: dict) -> str:
+    """The study table's paired difference cell: ``+0.059 [+0.028, +0.101] vs base@600``, or ``-`` for a base point."""
+    if not r["reference"]:
+        return "-"
+    lo, hi = (float(r[k]) for k in ("delta_ci_low", "delta_ci_high"))
+    return f"{signed(float(r['delta_vs_base']))} [{signed(lo)}, {signed(hi)}] vs {r['reference']}"
+
+
+def report_rows(path: str, head_name: str | None = None) -> list[dict]:
+    return [r for r in load_json(path)["eval_sets"] if head_name is None or r["head"] == head_name]
+
+
+def report_row(path: str, head_name: str, eval_set: str, cost_model: bool) -> dict:
+    (r,) = [
+        r for r in report_rows(path, head_name) if (r["eval_set"], schedule(r)) == (eval_set, SCHEDULES[cost_model])
+    ]
+    return r
+
+
+def difference(path: str, head_name: str, eval_set: str, sched: str) -> dict:
+    (d,) = [
+        d
+        for d in load_json(path)["paired_differences"]
+        if (d["head"], d["eval_set"], d["schedule"]) == (head_name, eval_set, sched)
+    ]
+    return d
+
+
+def speculative_ms(r: dict, prompts: int | None = None) -> float:
+    """ms per speculative step, pooled over the row's (first ``prompts``) prompts."""
+    records = r["prompt_records"][:prompts]
+    return 1000 * sum(p["speculative_seconds"] for p in records) / sum(p["target_forwards"] for p in records)
+
+
+def prompts_generate_ms(r: dict, prompts: int | None = None) -> float:
+    return generate_ms({"prompt_records": r["prompt_records"][:prompts]})
+
+
+def prompts_speedup(r: dict, prompts: int) -> float:
+    records = r["prompt_records"][:prompts]
+    return sum(p["baseline_seconds"] for p in records) / sum(p["speculative_seconds"] for p in records)
+
+
+def timing_minutes(path: str, head_name: str, eval_set: str) -> float:
+    """The minutes one set took to time: every prompt's seconds of both schedules and their baselines."""
+    rows = [r for r in report_rows(path, head_name) if r["eval_set"] == eval_set]
+    return sum(p["baseline_seconds"] + p["speculative_seconds"] for r in rows for p in r["prompt_records"]) / 60
+
+
+def report_columns(packed: bool = False, heads: dict | None = None, break_even: bool = True, verified: bool = True):
+    """The columns of an ``eval_set_report.py`` table, or the subset a page keeps."""
+    columns = {
+        "head": lambda r: r["head"] if heads is None else heads[r["head"]],
+        "eval set": lambda r: r["eval_set"],
+        "mode": lambda r: r["mode"],
+        "schedule": schedule,
+        "prompts": lambda r: str(r["num_prompts"]),
+        "measured tau [95% CI]": ci("measured_tau", "measured_tau_ci"),
+        "speedup vs `generate` [95% CI]": ci("speedup", "speedup_ci", "x"),
+    }
+    if packed:
+        columns["vs `generate` on packed kernels [95% CI]"] = ci(
+            "speedup_vs_packed_generate", "speedup_vs_packed_generate_ci", "x"
+        )
+    if break_even:
+        columns["break-even tau"] = doc.num("break_even_tau", 2)
+    if verified:
+        columns["drafts verified per step"] = doc.num("mean_verified", 2)
+        columns["outputs equal"] = lambda r: "yes" if r["outputs_equal"] else "no"
+    return columns
+
+
+def code_delta(r: dict) -> str:
+    if r["head"] == CHAT:
+        return "-"
+    d = difference(CODE_DATA, r["head"], r["eval_set"], "whole blocks")
+    return "{} [{}, {}]".format(*(signed(v, ascii_minus=False) for v in (d["delta_tau"], *d["delta_tau_ci"])))
+
+
+def code_records(_) -> dict:
+    return {(CODE_LABELS[r["head"]], r["eval_set"]): r for r in report_rows(CODE_DATA) if schedule(r) == "whole blocks"}
+
+
+def study_points(key: str, **where) -> list:
+    return [p[key] for p in load_json(STUDY)["points"] if all(p[k] == v for k, v in where.items())]
+
+
+def half_width(bounds) -> float:
+    return (bounds[1] - bounds[0]) / 2
+
+
+def lm_head(rows: int, kernel: str) -> float:
+    return load_json(LM_HEAD)["results"][f"head_{rows}_rows_{kernel}_ms"]
+
+
+LM_HEAD_ROWS = (1, 2, 3, 5, 9)
+
+
+def study_columns() -> dict:
+    """The study table's columns; the first nine (run to eval set) name a point."""
+    return {
+        "run": lambda r: r["run"],
+        "step": lambda r: r["step"],
+        "training tokens": lambda r: thousands(float(r["training_tokens"])),
+        "layers": lambda r: r["num_layers"],
+        "anchors": lambda r: r["max_anchors"],
+        "lr": lambda r: r["lr"],
+        "conversations": lambda r: thousands(float(r["conversations"])),
+        "s/step": lambda r: fmt(r["seconds_per_step"], ".2f"),
+        "eval set": lambda r: r["eval_set"],
+        "prompts": lambda r: r["num_prompts"],
+        "measured tau [95% CI]": lambda r: "{:.3f} [{:.3f}, {:.3f}]".format(
+            *(float(r[k]) for k in ("measured_tau", "tau_ci_low", "tau_ci_high"))
+        ),
+        "Δ tau vs base, same prompts [95% CI]": study_delta,
+        "teacher-forced greedy tau": lambda r: fmt(r["tf_greedy_tau"], ".3f") if r["tf_greedy_tau"] else "-",
+    }
+
+
 # Tables (by page, section and position) mapped to their raw file.
 # fmt: off
 TABLES = {
@@ -433,6 +579,53 @@ TABLES = {
             "draft / verify ms per step": lambda r: "{:.1f} / {:.1f}".format(
                 step_phase({"wall_clock": r}, "drafter"), r["phase_ms_per_step"]["verify"]),
         },
+    ),
+    ("smollm2_cpu_hour_study", 0): ResultsTable(
+        STUDY_CSV, "[`results.csv`](results.csv)",
+        lambda rows: {tuple(column(r) for column in list(study_columns().values())[:9]): r for r in rows},
+        lambda _: study_columns(),
+    ),
+    ("smollm2_cpu_hour_study", 1): ResultsTable(
+        PAYS, "[`wall_clock/`](wall_clock/results.json)",
+        lambda d: {(r["head"], r["eval_set"], r["mode"], schedule(r)): r for r in d["eval_sets"]},
+        lambda _: report_columns(),
+    ),
+    ("smollm2_cpu_hour_study", 2): ResultsTable(
+        PAYS, "",  # right below the first table of the same file
+        lambda d: {(x["head"], x["against"], x["eval_set"], x["schedule"]): x for x in d["paired_differences"]},
+        lambda _: {
+            "head": lambda x: x["head"],
+            "minus": lambda x: x["against"],
+            "eval set": lambda x: x["eval_set"],
+            "schedule": lambda x: x["schedule"],
+            "measured tau difference [paired 95% CI]": lambda x: "{} [{}, {}]".format(
+                *map(signed, (x["delta_tau"], *x["delta_tau_ci"]))),
+        },
+    ),
+    ("smollm2_cpu_hour_study", 3): ResultsTable(
+        CODE_DATA, "[`code_data/`](code_data/results.json)",
+        code_records,
+        lambda _: {
+            "drafter": lambda r: CODE_LABELS[r["head"]],
+            "eval set": lambda r: r["eval_set"],
+            "measured tau [95% CI], whole blocks": ci("measured_tau", "measured_tau_ci"),
+            "Δ tau vs chat data only, same prompts [paired 95% CI]": code_delta,
+            "speedup, cost model [95% CI]": lambda r: ci("speedup", "speedup_ci", "x")(
+                report_row(CODE_DATA, r["head"], r["eval_set"], True)),
+        },
+    ),
+    ("smollm2_cpu_hour_study", 4): ResultsTable(
+        TWO_THREADS, "[`two_threads/`](two_threads/results.json)",
+        lambda _: {(THREAD_LABELS[h], e, SCHEDULES[c]): report_row(TWO_THREADS, h, e, c) for h, e, c in TWO_THREAD_ROWS},
+        lambda _: {
+            "drafter": lambda r: THREAD_LABELS[r["head"]],
+            **{k: v for k, v in report_columns(verified=False).items() if k not in ("head", "mode", "prompts")},
+        },
+    ),
+    ("smollm2_cpu_hour_study", 5): ResultsTable(
+        PACKED_HEAD, "[`packed_head/`](packed_head/results.json)",
+        lambda d: {(r["eval_set"], schedule(r)): r for r in d["eval_sets"]},
+        lambda _: {k: v for k, v in report_columns(packed=True, verified=False).items() if k not in ("head", "mode")},
     ),
 }
 
@@ -663,6 +856,195 @@ PAGES = {
                  "flattens at 1,000-1,200 steps", "verifying 8 tokens", "The DSpark paper's 5-6",
                  "8 prompts x 64 tokens", "16 rows of 1,024 tokens", "1200steps/"],
         unbacked=["load 2-5, no raw file", "load 2-5;", "about 1 s", "about 14 conversations a minute"],
+    ),
+    "smollm2_cpu_hour_study": Figures(
+        claims=[
+            # the setup
+            ("**the first {} prompts of each evaluation set × {} new tokens**",
+             lambda: doc.same(study_points("num_prompts"), ".0f"), lambda: doc.same(study_points("max_new_tokens"), ".0f")),
+            ("B = {}, **{}** blocks per\npacked {}-token row", lambda: doc.same(study_points("block_size"), ".0f"),
+             lambda: doc.same(study_points("max_anchors", run="base"), ".0f"),
+             lambda: thousands(doc.same(study_points("seq_len"), ".0f") and float(doc.same(study_points("seq_len"), ".0f")))),
+            ("AdamW lr **{}**", lambda: f"{doc.same(study_points('lr', run='base'), '.3f') and study_points('lr', run='base')[0]:.0e}".replace("e-03", "e-3")),
+            ("the offline cache of the **{}** regenerated training conversations",
+             lambda: thousands(float(doc.same(study_points("conversations", run="base"), ".0f")))),
+            ("all **{}** regenerated\nconversations", lambda: thousands(float(doc.same(study_points("conversations", run="data3000"), ".0f")))),
+            # how to read it
+            ("Each drafter's own interval is about ±{} on {} prompts",
+             lambda: fmt(mean(half_width(p["measured_tau_ci"]) for p in load_json(STUDY)["points"]), ".2f"),
+             lambda: doc.same(study_points("num_prompts"), ".0f")),
+            ("Those\nintervals are about ±{}",
+             lambda: fmt(mean(half_width(p["delta_vs_base_ci"]) for p in load_json(STUDY)["points"] if p.get("delta_vs_base_ci")), ".2f")),
+            ("{} s while test\nsuites and two helpers' jobs ran beside, {} s with only the other study stage",
+             lambda: fmt(max(study_points("seconds_per_step")), ".1f"), lambda: fmt(min(study_points("seconds_per_step")), ".1f")),
+            ("the base step trains\n{} tokens/s, {} s a step", lambda: thousands(load_json(STEP)["after"]["tokens_per_second"]),
+             lambda: fmt(load_json(STEP)["after"]["step_ms"] / 1000, ".2f")),
+            # what it says
+            ("**{} [{}, {}]** on sharegpt_heldout and **{} [{}, {}]** on humaneval at 600 steps",
+             *(study("anchors128", 600, e, k, *i) for e in ("sharegpt_heldout", "humaneval")
+               for k, *i in (("delta_vs_base",), ("delta_vs_base_ci", 0), ("delta_vs_base_ci", 1)))),
+            ("greedy tau agrees ({} vs {})", study("anchors128", 600, "sharegpt_heldout", "tf_greedy_tau", spec=".3f"),
+             study("base", 600, "sharegpt_heldout", "tf_greedy_tau", spec=".3f")),
+            ("**{} [{}, {}]** on sharegpt_heldout, **{} [{}, {}]** on humaneval",
+             *(study("data3000", 600, e, k, *i) for e in ("sharegpt_heldout", "humaneval")
+               for k, *i in (("delta_vs_base",), ("delta_vs_base_ci", 0), ("delta_vs_base_ci", 1)))),
+            ("**A second draft layer buys nothing at this budget**: {} [{}, {}] and {} [{}, {}]",
+             *(study("layers2", 600, e, k, *i) for e in ("sharegpt_heldout", "humaneval")
+               for k, *i in (("delta_vs_base",), ("delta_vs_base_ci", 0), ("delta_vs_base_ci", 1)))),
+            ("**lr 3e-3 is no better** than 1e-3 ({} [{}, {}], {} [{}, {}])",
+             *(study("lr3e-3", 600, e, k, *i) for e in ("sharegpt_heldout", "humaneval")
+               for k, *i in (("delta_vs_base",), ("delta_vs_base_ci", 0), ("delta_vs_base_ci", 1)))),
+            ("gains about **{} tau per 10× training tokens**", study_fit("sharegpt_heldout", "slope_per_decade")),
+            ("points, {} tokens;", lambda: span([p["training_tokens"] / 1e6 for p in load_json(STUDY)["points"]
+                                                 if p["run"].startswith("base")], ".1f", "M")),
+            ("step 900 ({}, mid-cosine)\n  is no better than the 600-step run's end ({})",
+             study("base1200", 900, "sharegpt_heldout", "measured_tau", spec=".3f"),
+             study("base", 600, "sharegpt_heldout", "measured_tau", spec=".3f")),
+            ("measures **{} [{}, {}]** on\n  sharegpt_heldout, {} [{}, {}] over the base at 1,200 steps, and {} on humaneval ({} [{}, {}]);"
+             " teacher-forced {}.",
+             study("combined1200", 1200, "sharegpt_heldout", "measured_tau", spec=".3f"),
+             study("combined1200", 1200, "sharegpt_heldout", "measured_tau_ci", 0, spec=".3f"),
+             study("combined1200", 1200, "sharegpt_heldout", "measured_tau_ci", 1, spec=".3f"),
+             study("combined1200", 1200, "sharegpt_heldout", "delta_vs_base"),
+             study("combined1200", 1200, "sharegpt_heldout", "delta_vs_base_ci", 0),
+             study("combined1200", 1200, "sharegpt_heldout", "delta_vs_base_ci", 1),
+             study("combined1200", 1200, "humaneval", "measured_tau", spec=".3f"),
+             study("combined1200", 1200, "humaneval", "delta_vs_base"),
+             study("combined1200", 1200, "humaneval", "delta_vs_base_ci", 0),
+             study("combined1200", 1200, "humaneval", "delta_vs_base_ci", 1),
+             study("combined1200", 1200, "sharegpt_heldout", "tf_greedy_tau", spec=".3f")),
+            # the targets
+            ("(this CPU's break-even is tau ≈ {},", lambda: span([break_even(r) for r in eval_whole_blocks()], ".1f")),
+            ("(+{} per decade", lambda: study_fit("sharegpt_heldout", "slope_per_decade", spec=".2f")()),
+            ("about {} × 10¹⁰ training tokens, about {} CPU-core hours at the quiet\n{} tokens/s",
+             study_fit("sharegpt_heldout", "tokens_for_target", 1e10, ".1f"),
+             lambda: thousands(round(load_json(STUDY)["extrapolation"]["sharegpt_heldout"]["tokens_for_target"]
+                                     / load_json(STEP)["after"]["tokens_per_second"] / 3600, -2)),
+             lambda: thousands(load_json(STEP)["after"]["tokens_per_second"])),
+            ("a cost-model step ({} drafts) costs {}× a `generate` token here",
+             lambda: span([r["mean_verified"] for r in report_rows(PAYS) if schedule(r) == "cost model"], ".1f"),
+             lambda: span([r["break_even_tau"] for r in report_rows(PAYS) if schedule(r) == "cost model"], ".1f")),
+            # the run that pays
+            ("on the first {} prompts of each set × {} tokens", lambda: doc.same([r["num_prompts"] for r in report_rows(PAYS)], ".0f"),
+             lambda: doc.same([r["max_new_tokens"] for r in report_rows(PAYS)], ".0f")),
+            ("sharegpt_heldout, **{}× [{}, {}]**", pays(G2400, "sharegpt_heldout", True, "speedup"),
+             pays(G2400, "sharegpt_heldout", True, "speedup_ci", 0), pays(G2400, "sharegpt_heldout", True, "speedup_ci", 1)),
+            ("on humaneval every drafter is at {}×", lambda: span([r["speedup"] for r in report_rows(PAYS) if r["eval_set"] == "humaneval"], ".2f")),
+            ("({} [{}, {}] on sharegpt_heldout; with the cost model {},",
+             pays_difference(G1200, "sharegpt_heldout", "whole blocks"), pays_difference(G1200, "sharegpt_heldout", "whole blocks", 0),
+             pays_difference(G1200, "sharegpt_heldout", "whole blocks", 1), pays_difference(G1200, "sharegpt_heldout", "cost model")),
+            ("measures {} [{}, {}] over the head-less one\nat 1,200 on sharegpt_heldout and {} [{}, {}] on humaneval",
+             *(pays_difference(G2400, e, "whole blocks", *i) for e in ("sharegpt_heldout", "humaneval") for i in ((), (0,), (1,)))),
+            ("({} →\n{} for the gated drafter itself): **tau {} [{}, {}]** on sharegpt_heldout and {} on humaneval",
+             pays(G1200, "sharegpt_heldout", False, "measured_tau"), pays(G2400, "sharegpt_heldout", False, "measured_tau"),
+             pays(G2400, "sharegpt_heldout", False, "measured_tau"), pays(G2400, "sharegpt_heldout", False, "measured_tau_ci", 0),
+             pays(G2400, "sharegpt_heldout", False, "measured_tau_ci", 1), pays(G2400, "humaneval", False, "measured_tau")),
+            ("for twice\nthe tokens ({})", lambda: format(load_json(STUDY)["extrapolation"]["sharegpt_heldout"]["slope_per_decade"]
+                                                       * 0.30103, "+.2f")),
+            ("it did: +{},", lambda: fmt(head_row(HEADS_3000, "gated")["measured_tau"] - head_row(HEADS_3000, "none")["measured_tau"], ".2f")),
+            ("is {} verifying whole blocks and {} with\nthe cost model",
+             lambda: span([r["break_even_tau"] for r in report_rows(PAYS) if schedule(r) == "whole blocks"], ".1f"),
+             lambda: span([r["break_even_tau"] for r in report_rows(PAYS) if schedule(r) == "cost model"], ".1f")),
+            ("(training or another measurement; load\nabout {})", lambda: fmt(mean(r["load_average"][0] for r in report_rows(PAYS)), ".0f")),
+            # code data
+            ("(3,000 conversations: {})", study("data3000", 600, "humaneval", "delta_vs_base")),
+            ("**Code data moves humaneval**: {} [{}, {}] (cost model {} [{}, {}])",
+             *(pays_difference(CODE, "humaneval", s_, *i, path=CODE_DATA) for s_ in ("whole blocks", "cost model")
+               for i in ((), (0,), (1,)))),
+            ("(the gated drafter at 2,400 steps: {})", pays(G2400, "humaneval", False, "measured_tau")),
+            ("sharegpt_heldout loses {} [{}, {}]",
+             *(pays_difference(CODE, "sharegpt_heldout", "whole blocks", *i, path=CODE_DATA) for i in ((), (0,), (1,)))),
+            ("({} vs {} on sharegpt_heldout,\n  {} vs {} on humaneval;",
+             pays(CHAT, "sharegpt_heldout", False, "measured_tau", path=CODE_DATA), pays(G1200, "sharegpt_heldout", False, "measured_tau"),
+             pays(CHAT, "humaneval", False, "measured_tau", path=CODE_DATA), pays(G1200, "humaneval", False, "measured_tau")),
+            ("({}× vs\n  {}× whole blocks)", pays(CHAT, "sharegpt_heldout", False, "speedup", path=CODE_DATA),
+             pays(G1200, "sharegpt_heldout", False, "speedup")),
+            ("ran at {} tokens/s", lambda: doc.same([1000 / prompts_generate_ms(report_row(CODE_DATA, CHAT, "sharegpt_heldout", c))
+                                                    for c in (False, True)], ".0f")),
+            ("rose to tau {}.", lambda: span([r["break_even_tau"] for r in report_rows(CODE_DATA, CHAT) if r["eval_set"] == "sharegpt_heldout"], ".2f")),
+            ("stays far ({}); at +{} per 300 replies", pays(CODE, "humaneval", False, "measured_tau", path=CODE_DATA),
+             lambda: fmt(difference(CODE_DATA, CODE, "humaneval", "whole blocks")["delta_tau"], ".2f")),
+            # both cores
+            ("`generate` {} ms\nper token on 1 thread and {} on 2; the packed 9-row verify {} ms and {}, {} and {} `generate`\ntokens",
+             get(THREADS, "threads.1.generate_ms_per_token", ".1f"), get(THREADS, "threads.2.generate_ms_per_token", ".1f"),
+             get(THREADS, "threads.1.verify_9_rows_packed_ms", ".1f"), get(THREADS, "threads.2.verify_9_rows_packed_ms", ".1f"),
+             get(THREADS, "threads.1.verify_block_packed_over_generate", ".2f"),
+             get(THREADS, "threads.2.verify_block_packed_over_generate", ".2f")),
+            ("on sharegpt_heldout ({}× and {}×), and the 1,200-step one matches it on humaneval ({}×)",
+             pays(T1200, "sharegpt_heldout", True, "speedup", path=TWO_THREADS), pays(T2400, "sharegpt_heldout", True, "speedup", path=TWO_THREADS),
+             pays(T1200, "humaneval", True, "speedup", path=TWO_THREADS)),
+            ("(lower ends {}\n  and {})", pays(T1200, "sharegpt_heldout", True, "speedup_ci", 0, path=TWO_THREADS),
+             pays(T2400, "sharegpt_heldout", True, "speedup_ci", 0, path=TWO_THREADS)),
+            ("**Break-even tau {}** on 2 threads, against {} for the same checkpoint on one thread",
+             lambda: span([r["break_even_tau"] for h in (T1200, T2400) for r in report_rows(TWO_THREADS, h)], ".2f"),
+             lambda: span([r["break_even_tau"] for r in report_rows(TWO_THREADS, T1)], ".2f")),
+            ("gains +{} to +{}× in speedup",
+             lambda: fmt(min(-d["delta_speedup"] for d in load_json(TWO_THREADS)["paired_differences"] if d["head"] == T1), ".2f"),
+             lambda: fmt(max(-d["delta_speedup"] for d in load_json(TWO_THREADS)["paired_differences"] if d["head"] == T1), ".2f")),
+            ("measures {} [{}, {}] tau\n  over the 1,200-step one on the same prompts ({} [{}, {}] on humaneval), yet times lower ({}\n"
+             "  [{}, {}]× with the cost model on sharegpt_heldout, {} [{}, {}]× on humaneval)",
+             *(pays_difference(T2400, e, "whole blocks", *i, path=TWO_THREADS) for e in ("sharegpt_heldout", "humaneval")
+               for i in ((), (0,), (1,))),
+             *(pays_difference(T2400, e, "cost model", *i, path=TWO_THREADS, key="delta_speedup")
+               for e in ("sharegpt_heldout", "humaneval") for i in ((), (0,), (1,)))),
+            ("`generate` took {} ms per token, in the 1,200-step run {}, with the speculative steps about\n  as fast in both ({} vs {} ms)",
+             *(lambda h=h: span([prompts_generate_ms(r) for r in report_rows(TWO_THREADS, h) if r["eval_set"] == "sharegpt_heldout"], ".0f")
+               for h in (T2400, T1200)),
+             *(lambda h=h: span([speculative_ms(r) for r in report_rows(TWO_THREADS, h) if r["eval_set"] == "sharegpt_heldout"], ".0f")
+               for h in (T2400, T1200))),
+            ("moves between {} and {} from one run", *(lambda f=f: fmt(f(r["break_even_tau"] for h in (T1200, T2400)
+                                                                          for r in report_rows(TWO_THREADS, h)
+                                                                          if r["eval_set"] == "sharegpt_heldout"), ".1f")
+                                                      for f in (min, max))),
+            ("({} at its highest here)", lambda: fmt(max(r["break_even_tau"] for h in (T1200, T2400) for r in report_rows(TWO_THREADS, h)), ".2f")),
+            ("took {} minutes to time on 2 threads", lambda: span([timing_minutes(TWO_THREADS, h, e) for h in (T1200, T2400)
+                                                                  for e in ("sharegpt_heldout", "humaneval")], ".0f")),
+            # packed head
+            ("'s {} × {} head costs {}\n  ms for one row and {} ms for 2–9; on oneDNN-packed weights {} ms for 1–9 rows",
+             lambda: thousands(load_json(STEP)["setup"]["shape"]["vocab"]), get(STEP, "setup.shape.hidden", ".0f"),
+             lambda: fmt(lm_head(1, "default"), ".1f"), lambda: span([lm_head(n, "default") for n in LM_HEAD_ROWS[1:]], ".0f"),
+             lambda: span([lm_head(n, "packed") for n in LM_HEAD_ROWS], ".1f")),
+            ("the speculative step fell from {} to {} ms (cost model) and the speedup rose from {}× to\n  {}× (whole blocks {}× → {}×)",
+             lambda: fmt(speculative_ms(report_row(TWO_THREADS, T2400, "sharegpt_heldout", True)), ".0f"),
+             lambda: fmt(speculative_ms(report_row(PACKED_HEAD, P2400, "sharegpt_heldout", True), 12), ".0f"),
+             pays(T2400, "sharegpt_heldout", True, "speedup", path=TWO_THREADS),
+             lambda: fmt(prompts_speedup(report_row(PACKED_HEAD, P2400, "sharegpt_heldout", True), 12), ".3f"),
+             pays(T2400, "sharegpt_heldout", False, "speedup", path=TWO_THREADS),
+             lambda: fmt(prompts_speedup(report_row(PACKED_HEAD, P2400, "sharegpt_heldout", False), 12), ".3f")),
+            ("also ran {}% faster in the new run ({} vs {} ms per\n  token)",
+             lambda: fmt(100 * (1 - prompts_generate_ms(report_row(PACKED_HEAD, P2400, "sharegpt_heldout", True), 12)
+                                / prompts_generate_ms(report_row(TWO_THREADS, T2400, "sharegpt_heldout", True))), ".0f"),
+             lambda: fmt(prompts_generate_ms(report_row(PACKED_HEAD, P2400, "sharegpt_heldout", True), 12), ".0f"),
+             lambda: fmt(prompts_generate_ms(report_row(TWO_THREADS, T2400, "sharegpt_heldout", True)), ".0f")),
+            ("({} vs {} ms per token in the\n  benchmark)", get(LM_HEAD, "results.generate_packed_ms_per_token", ".1f"),
+             get(LM_HEAD, "results.generate_default_ms_per_token", ".1f")),
+            ("**Speedup target met against `generate`:** {}× [{}, {}]",
+             pays(P2400, "sharegpt_heldout", True, "speedup", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_ci", 1, path=PACKED_HEAD)),
+            ("**Not met against `generate` on the same kernels:** {}× [{}, {}]",
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate", path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 0, path=PACKED_HEAD),
+             pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 1, path=PACKED_HEAD)),
+            ("The {} prompts' tau ({} whole blocks) is lower than the first 12's ({})",
+             lambda: doc.same([r["num_prompts"] for r in report_rows(PACKED_HEAD)], ".0f"),
+             pays(P2400, "sharegpt_heldout", False, "measured_tau", path=PACKED_HEAD),
+             pays(T2400, "sharegpt_heldout", False, "measured_tau", path=TWO_THREADS)),
+        ],
+        context=["#28", "30-layer target", "one draft layer", "(40 warm-up steps", "seed 0", "(272 rows), 600 steps",
+                 "(one change each, 600 steps): 128 blocks per row; 2 draft layers; lr 3e-3;", "(640 rows)",
+                 "the base at 300 and 600 of its own run, and a 1,200-step run measured at 900 and 1,200",
+                 "128 blocks per row on 3,000 conversations, 1,200 steps", "§7.8", "the 2 cores", "128 instead of 32",
+                 "3,000 instead of 1,284 conversations at the same 600 steps", "600-step", "1,200-step", "128 blocks on 3,000 conversations for 1,200 steps",
+                 "tau ≥ 2.0", "≥ 2.5", "above 1.0×", "above 1.0", "on 2 threads", "24 prompts",
+                 "less than one decade", "sharegpt_heldout's 2.0", "humaneval's 2.5", "2 AVX2 cores", "close to 1×",
+                 "(128 blocks per row, 3,000 conversations)", "for 1,200 steps", "for 2,400", "2,400-step", "reaches 1.0",
+                 "At 1,200 steps", "targets of 2.0 and 2.5", "on 12 prompts", "tau 2.0 near 10¹⁰ tokens", "at 3,000 steps on 1,284 conversations",
+                 "**300 code prompts**", "99 rows of 1,024 tokens beside the 639 chat rows (13% of the data)",
+                 "(128 blocks per row, lr 1e-3, 1,200 steps)", "300 replies", "1,200 steps", "2-core", "over 9 rows",
+                 "at or above 1.0×", "than 12", "each set's 12", "24 prompts per set", "2–9", "1–9 rows",
+                 "12 sharegpt prompts", "(2.0 and 2.5)", "12 later", "9843aa2–e30ca7c", "for the first hour", "2 threads",
+                 "the 1-thread rows", "the 951-conversation", "The gated drafter at 2,400 steps"],
     ),
 }
 # fmt: on
