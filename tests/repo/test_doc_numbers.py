@@ -19,7 +19,8 @@ Raw files parsed from generated markdown (``gap.json``, ``memory_guidance_*.csv`
 ``experiments/tools/results_from_reports.py`` makes of their markdown today.
 
 A failure names the table (or paragraph), the row and the expected text; fix the page (or the mapping, when a
-file's layout changed) — never the raw file.
+file's layout changed) — never the raw file. The experiments' own READMEs are checked the same way, with these helpers,
+by ``test_experiment_numbers``.
 """
 
 from __future__ import annotations
