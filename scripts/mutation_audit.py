@@ -147,7 +147,8 @@ def readme(results: list[dict]) -> str:
         "a swapped ratio, a `<` / `<=` boundary, a stale key, only the first file) is applied alone to a copy of the",
         "package and the few unit test files that cover it are run (`pytest -x -q -n 0`).",
         "",
-        "**Rerun** (13 minutes on one core of an AMD EPYC here, about 1 of them the unmutated baseline; the table: `scripts/mutations.py`):",
+        f"**Rerun** (about {sum(r['seconds'] for r in results) / 60:.0f} minutes of mutated test runs on one core of an AMD EPYC here, the sum of "
+        "results.json's `seconds`, plus about 1 for the unmutated baseline (no raw file); the table: `scripts/mutations.py`):",
         "",
         "```",
         "python scripts/mutation_audit.py           # writes results.json and this README",

@@ -19,7 +19,8 @@ Raw files parsed from generated markdown (``gap.json``, ``memory_guidance_*.csv`
 ``experiments/tools/results_from_reports.py`` makes of their markdown today.
 
 A failure names the table (or paragraph), the row and the expected text; fix the page (or the mapping, when a
-file's layout changed) — never the raw file.
+file's layout changed) — never the raw file. The experiments' own READMEs are checked the same way, with these helpers,
+by ``test_experiment_numbers``.
 """
 
 from __future__ import annotations
@@ -1074,8 +1075,12 @@ def test_every_readme_table_has_a_raw_file_or_is_prose_only():
 
 @pytest.mark.parametrize("key", list(RESULTS_TABLES), ids=lambda k: f"{k[0]}#{k[1]}")
 def test_results_table_matches_its_file(key):
-    spec, table = RESULTS_TABLES[key], the_table(key)
-    assert spec.named in table.before, f"the page names {spec.named} before the table under {key[0]!r}"
+    check_results_table(RESULTS_TABLES[key], the_table(key), key)
+
+
+def check_results_table(spec: ResultsTable, table: Table, key):
+    """``table``'s header is the mapped columns, its rows the file's records and every cell the record's text."""
+    assert spec.named in table.before, f"the page names {spec.named} before the table {key}"
     data = load_csv(spec.source) if spec.source.endswith(".csv") else load_json(spec.source)
     columns, records = spec.columns(data), spec.records(data)
     assert table.header == list(columns), f"{key}: columns {table.header}, mapped {list(columns)}"
