@@ -10,7 +10,8 @@ from helpers.paths import ROOT
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.config import TrainingArgs
-from dspark_lightning.lightning.optim import MuonAdamW, muon_parameter
+from dspark_lightning.lightning.optim import MuonAdamW, muon_parameter, newton_schulz_float32
+from dspark_lightning.machine import fast_bf16
 
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
 
@@ -91,6 +92,56 @@ def test_muon_updates_only_the_parameters_it_is_given():
     state = optimizer.state_dict()
     optimizer.load_state_dict(state)  # checkpoints round-trip both inner optimizers
     assert len(optimizer.state) == len(named)
+
+
+QUINTIC = (3.4445, -4.7750, 2.0315)  # Muon's Newton-Schulz coefficients (Keller Jordan's), torch's defaults
+
+
+def newton_schulz_float64(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """The quintic iteration X <- aX + (bA + cA^2)X, A = XX^T, on the wide orientation, in float64."""
+    x = g.double().T if g.shape[0] > g.shape[1] else g.double()
+    x = x / x.norm()
+    a, b, c = QUINTIC
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if g.shape[0] > g.shape[1] else x
+
+
+@pytest.mark.parametrize("shape", [(12, 20), (20, 12)])
+def test_newton_schulz_float32_is_torchs_iteration_at_float32_precision(shape):
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+
+    assert (DEFAULT_A, DEFAULT_B, DEFAULT_C) == pytest.approx(QUINTIC)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    reference = newton_schulz_float64(g)
+    ours = newton_schulz_float32(g, QUINTIC, 5, 1e-7)
+    assert ours.dtype == torch.float32 and ours.shape == g.shape
+    assert torch.allclose(ours.double(), reference, atol=1e-5)
+    torchs = _zeropower_via_newtonschulz(g, QUINTIC, 5, 1e-7)  # the same iteration, in bf16
+    assert torch.allclose(torchs.double(), reference, atol=0.05) and not torch.allclose(
+        torchs.double(), reference, atol=1e-4
+    )
+
+
+def test_muon_orthogonalizes_in_the_dtype_it_is_given():
+    g = torch.randn(12, 20, generator=torch.Generator().manual_seed(1))
+    lr, momentum = 0.1, 0.95
+    expected = -lr * newton_schulz_float64((1 - momentum) * g * momentum + g * (1 - momentum))  # one Nesterov step
+    moved = {}
+    for dtype in ("float32", "bfloat16"):
+        weight = torch.nn.Parameter(torch.zeros(12, 20))
+        optimizer = MuonAdamW([("backbone.w", weight)], lr=lr, momentum=momentum, newton_schulz_dtype=dtype)
+        assert optimizer.newton_schulz_dtype == dtype
+        weight.grad = g.clone()
+        optimizer.step()
+        moved[dtype] = weight.detach().double()
+    assert torch.allclose(moved["float32"], expected, atol=1e-6)
+    assert not torch.allclose(moved["bfloat16"], expected, atol=1e-5)  # torch's bf16 path: the option is not ignored
+    auto = MuonAdamW([("backbone.w", torch.nn.Parameter(torch.zeros(4, 4)))])
+    assert auto.newton_schulz_dtype == ("bfloat16" if fast_bf16() else "float32")  # a CPU here: by its flags
+    with pytest.raises(ValueError, match="newton_schulz_dtype must be auto, bfloat16 or float32, got 'fp16'"):
+        MuonAdamW([("backbone.w", torch.nn.Parameter(torch.zeros(4, 4)))], newton_schulz_dtype="fp16")
 
 
 def printed_config(capsys, *configs: str) -> dict:
