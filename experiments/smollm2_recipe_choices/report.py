@@ -1,0 +1,214 @@
+"""Collect the recipe-choice study (``run.sh``) into results.json, results.csv, table.md and a plot of the paired
+differences: each choice's measured tau minus the base's on the same prompts, with a paired bootstrap 95% interval.
+
+    python experiments/smollm2_recipe_choices/report.py --study_dir study/smollm2_recipe_choices \
+        --output experiments/smollm2_recipe_choices
+
+A run is ``<study_dir>/<name>/`` with ``budget.json`` (the probe, the steps, the fit's wall seconds) and
+``step=<steps>.decode.json`` (``decode --eval_sets ... --baseline false --json``). What each run trained with is read
+from its checkpoint, never typed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
+from dspark_lightning.machine import machine_line
+
+BASE = "base"
+TARGET_TAU = 2.0  # issue 43's measured-tau target on both evaluation sets
+
+
+def settings(ckpt: Path) -> dict:
+    """What the run trained with, from the checkpoint's saved hyper-parameters and optimizer state."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    hp = state["hyper_parameters"]
+    drafter, training = hp["drafter"], hp.get("training") or {}
+    optimizer = hp.get("optimizer") or {}
+    return dict(
+        block_size=drafter["block_size"], max_anchors=drafter["max_anchors"], markov_head=drafter["markov_head"]["kind"],
+        draft_vocab="full" if not drafter.get("draft_vocab") else Path(str(drafter["draft_vocab"])).name,
+        optimizer=(optimizer.get("class_path") or "torch.optim.AdamW").rsplit(".", 1)[-1] if isinstance(optimizer, dict)
+        else str(optimizer), feature_noise_std=training.get("feature_noise_std", 0.0),
+        seq_len=state["datamodule_hyper_parameters"]["seq_len"],
+    )  # fmt: skip
+
+
+def collect(study_dir: Path) -> list[dict]:
+    points = []
+    for budget_file in sorted(study_dir.glob("*/budget.json")):
+        run_dir = budget_file.parent
+        budget = json.loads(budget_file.read_text())
+        decode_json = run_dir / f"step={budget['steps']}.decode.json"
+        if not decode_json.exists():
+            continue
+        run_settings = settings(run_dir / f"step={budget['steps']}.ckpt")
+        for row in json.loads(decode_json.read_text()):
+            points.append(dict(
+                run=run_dir.name, steps=budget["steps"], budget_s=budget["budget_s"],
+                probe_seconds_per_step=budget["probe_seconds_per_step"],
+                fit_wall_seconds=budget.get("fit_wall_seconds"),
+                training_tokens=budget["steps"] * run_settings["seq_len"], **run_settings,
+                eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
+                max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
+                measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
+                prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
+                dtype=row.get("dtype"), machine=row.get("machine"),
+            ))  # fmt: skip
+    return sorted(points, key=lambda p: (p["run"] != BASE, p["run"], p["eval_set"] != "sharegpt_heldout"))
+
+
+def collect_wall_clock(study_dir: Path) -> list[dict]:
+    """The timed runs: speedup against ``generate`` on its default kernels and on the packed kernels the speculative
+    loop verifies with (the same-kernel baseline), each with its 95% interval, whole blocks and cost-model schedule."""
+    rows = []
+    for budget_file in sorted(study_dir.glob("*/budget.json")):
+        steps = json.loads(budget_file.read_text())["steps"]
+        timed = budget_file.parent / f"step={steps}.wall_clock.json"
+        if not timed.exists():
+            continue
+        ckpt_settings = settings(budget_file.parent / f"step={steps}.ckpt")
+        for row in json.loads(timed.read_text()):
+            records = row["prompt_records"]
+            rows.append(dict(
+                run=budget_file.parent.name, steps=steps, markov_head=ckpt_settings["markov_head"],
+                eval_set=row["eval_set"], schedule="cost model" if isinstance(row.get("threshold"), list) else "whole blocks",
+                num_prompts=row["num_prompts"], max_new_tokens=row["max_new_tokens"],
+                measured_tau=row["measured_tau"], measured_tau_ci=row["measured_tau_ci"],
+                speedup=row["speedup"], speedup_ci=row["speedup_ci"],
+                speedup_vs_packed_generate=row["speedup_vs_packed_generate"],
+                speedup_vs_packed_generate_ci=row["speedup_vs_packed_generate_ci"],
+                break_even_tau=row.get("break_even_tau"), mean_verified=row.get("mean_verified"),
+                outputs_equal=sum(bool(r.get("outputs_equal")) for r in records),
+                output_ties=sum(bool(r.get("output_tie")) for r in records),
+                torch_threads=row.get("torch_threads"), load_average=row.get("load_average"), machine=row.get("machine"),
+            ))  # fmt: skip
+    return rows
+
+
+def wall_clock_table(rows: list[dict]) -> str:
+    lines = [
+        "| run | head | eval set | schedule | prompts | measured tau [95% CI] | drafts verified per step "
+        "| speedup vs `generate` [95% CI] | vs `generate` on the same kernels [95% CI] | break-even tau "
+        "| outputs equal (ties) |",
+        "|---|---|---|---|---:|---|---:|---|---|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['markov_head']} | {r['eval_set']} | {r['schedule']} | {r['num_prompts']} "
+            f"| {r['measured_tau']:.3f} [{r['measured_tau_ci'][0]:.3f}, {r['measured_tau_ci'][1]:.3f}] "
+            f"| {r['mean_verified']:.2f} | {r['speedup']:.3f}x [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}] "
+            f"| {r['speedup_vs_packed_generate']:.3f}x [{r['speedup_vs_packed_generate_ci'][0]:.3f}, "
+            f"{r['speedup_vs_packed_generate_ci'][1]:.3f}] | {r['break_even_tau']:.2f} "
+            f"| {r['outputs_equal']}/{r['num_prompts']} ({r['output_ties']}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def paired_differences(points: list[dict]) -> None:
+    """Each non-base point gets ``delta_vs_base`` and its paired interval over the prompts both ran on."""
+    base = {p["eval_set"]: p for p in points if p["run"] == BASE}
+    for p in points:
+        ref = base.get(p["eval_set"])
+        if p["run"] == BASE or ref is None:
+            continue
+        if len(ref["prompt_counts"]) != len(p["prompt_counts"]):  # pairing needs the same prompts, in order
+            raise SystemExit(f"{p['run']} / {p['eval_set']}: {len(p['prompt_counts'])} prompts, base has "
+                             f"{len(ref['prompt_counts'])}; measure both with the same PROMPTS")  # fmt: skip
+        (num_a, den_a), (num_b, den_b) = zip(*p["prompt_counts"], strict=True), zip(*ref["prompt_counts"], strict=True)
+        p["delta_vs_base"] = p["measured_tau"] - ref["measured_tau"]
+        p["delta_vs_base_ci"] = list(ratio_difference_bootstrap_ci(num_a, den_a, num_b, den_b))
+
+
+def table(points: list[dict]) -> str:
+    lines = [
+        "| run | optimizer | noise std | draft vocab | B | steps | s/step (probe) | fit s | eval set | prompts "
+        "| measured tau [95% CI] | Δ tau vs base, same prompts [95% CI] |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|---:|---|---|",
+    ]
+    for p in points:
+        lo, hi = p["measured_tau_ci"]
+        delta = "-"
+        if "delta_vs_base" in p:
+            dlo, dhi = p["delta_vs_base_ci"]
+            delta = f"{p['delta_vs_base']:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+        fit_s = f"{p['fit_wall_seconds']:.0f}" if p["fit_wall_seconds"] else "-"
+        lines.append(
+            f"| {p['run']} | {p['optimizer']} | {p['feature_noise_std']:g} | {p['draft_vocab']} | {p['block_size']} "
+            f"| {p['steps']} | {p['probe_seconds_per_step']:.2f} | {fit_s} | {p['eval_set']} | {p['num_prompts']} "
+            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] | {delta} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[dict], path: Path) -> None:
+    """The paired differences per evaluation set: a dot and its 95% interval per choice, zero marked."""
+    sets = sorted({p["eval_set"] for p in points}, key=lambda name: (name != "sharegpt_heldout", name))
+    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 3), sharex=True, squeeze=False)
+    for ax, eval_set in zip(axes[0], sets, strict=True):
+        pts = [p for p in points if p["eval_set"] == eval_set and "delta_vs_base" in p]
+        ys = range(len(pts))
+        ax.errorbar(
+            [p["delta_vs_base"] for p in pts], ys, fmt="o", capsize=3,
+            xerr=[[p["delta_vs_base"] - p["delta_vs_base_ci"][0] for p in pts],
+                  [p["delta_vs_base_ci"][1] - p["delta_vs_base"] for p in pts]],
+        )  # fmt: skip
+        ax.axvline(0, color="gray", ls=":")
+        ax.set_yticks(list(ys), [p["run"] for p in pts])
+        ax.set_title(f"{eval_set}: Δ measured tau vs base")
+        ax.set_xlabel("paired difference, 95% CI over prompts")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study_dir", required=True)
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args()
+    points = collect(Path(args.study_dir))
+    if not points:
+        raise SystemExit(f"no <run>/budget.json with its step=N.decode.json under {args.study_dir}")
+    paired_differences(points)
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    machines = {json.dumps(p["machine"], sort_keys=True) for p in points if p["machine"]}
+    results = dict(
+        target_tau=TARGET_TAU,
+        machine=points[0]["machine"],
+        machine_line=machine_line(points[0]["machine"]) if points[0]["machine"] else None,
+        machines_differ=len({json.loads(m)["cpu"] for m in machines}) > 1,
+        points=points,
+        wall_clock=collect_wall_clock(Path(args.study_dir)),
+    )
+    (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    listed = ("acceptance_per_slot", "measured_tau_ci", "prompt_counts", "delta_vs_base", "delta_vs_base_ci", "machine")
+    columns = [k for k in points[0] if k not in listed]
+    with open(output / "results.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*columns, "tau_ci_low", "tau_ci_high", "delta_vs_base", "delta_ci_low", "delta_ci_high",
+                         "cpu", "cpu_flags", "torch_threads"])  # fmt: skip
+        writer.writerows(
+            [*(p[k] for k in columns), *p["measured_tau_ci"], p.get("delta_vs_base", ""),
+             *p.get("delta_vs_base_ci", ["", ""]), (p["machine"] or {}).get("cpu", ""),
+             (p["machine"] or {}).get("flags", ""), (p["machine"] or {}).get("threads", "")]
+            for p in points
+        )  # fmt: skip
+    (output / "table.md").write_text(table(points))
+    plot(points, output / "paired_differences.png")
+    print(table(points))
+    if results["wall_clock"]:
+        (output / "wall_clock.md").write_text(wall_clock_table(results["wall_clock"]))
+        print(wall_clock_table(results["wall_clock"]))
+
+
+if __name__ == "__main__":
+    main()

