@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -23,6 +25,8 @@ from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 from dspark_lightning.machine import machine_line
 
 BASE = "base"
+# the base recipe's measured-tau trend per 10x training tokens, fitted by the earlier study on the same target
+TREND = "experiments/smollm2_cpu_hour_study/results.json"
 TARGET_TAU = 2.0  # issue 43's measured-tau target on both evaluation sets
 
 
@@ -31,14 +35,27 @@ def settings(ckpt: Path) -> dict:
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     hp = state["hyper_parameters"]
     drafter, training = hp["drafter"], hp.get("training") or {}
-    optimizer = hp.get("optimizer") or {}
+    optimizer = state["optimizer_states"][0]  # the optimizer is no hyper-parameter: MuonAdamW saves its inner ones
+    groups = (
+        [g for inner in optimizer["inner"] for g in inner["param_groups"]]
+        if "inner" in optimizer
+        else optimizer["param_groups"]
+    )
     return dict(
         block_size=drafter["block_size"], max_anchors=drafter["max_anchors"], markov_head=drafter["markov_head"]["kind"],
         draft_vocab="full" if not drafter.get("draft_vocab") else Path(str(drafter["draft_vocab"])).name,
-        optimizer=(optimizer.get("class_path") or "torch.optim.AdamW").rsplit(".", 1)[-1] if isinstance(optimizer, dict)
-        else str(optimizer), feature_noise_std=training.get("feature_noise_std", 0.0),
+        optimizer="MuonAdamW" if "inner" in optimizer else "AdamW",
+        lr=[g.get("initial_lr", g["lr"]) for g in groups], feature_noise_std=training.get("feature_noise_std", 0.0),
         seq_len=state["datamodule_hyper_parameters"]["seq_len"],
     )  # fmt: skip
+
+
+def final_tf_greedy_tau(fit_log: Path) -> float | None:
+    """The teacher-forced greedy tau of the fit's one validation, at its last step, as its summary table printed it."""
+    values = (
+        re.findall(r"greedy_tau \(teacher-forced\)\s*│\s*([0-9.]+)", fit_log.read_text()) if fit_log.exists() else []
+    )
+    return float(values[-1]) if values else None
 
 
 def collect(study_dir: Path) -> list[dict]:
@@ -55,6 +72,7 @@ def collect(study_dir: Path) -> list[dict]:
                 run=run_dir.name, steps=budget["steps"], budget_s=budget["budget_s"],
                 probe_seconds_per_step=budget["probe_seconds_per_step"],
                 fit_wall_seconds=budget.get("fit_wall_seconds"),
+                tf_greedy_tau=final_tf_greedy_tau(study_dir / f"{run_dir.name}.fit.log"),
                 training_tokens=budget["steps"] * run_settings["seq_len"], **run_settings,
                 eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
                 max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
@@ -85,7 +103,8 @@ def collect_wall_clock(study_dir: Path) -> list[dict]:
                 speedup=row["speedup"], speedup_ci=row["speedup_ci"],
                 speedup_vs_packed_generate=row["speedup_vs_packed_generate"],
                 speedup_vs_packed_generate_ci=row["speedup_vs_packed_generate_ci"],
-                break_even_tau=row.get("break_even_tau"), mean_verified=row.get("mean_verified"),
+                # the tau at which this run's cost per step would pay against the same-kernel generate (speedup ∝ tau)
+                break_even_tau=row["measured_tau"] / row["speedup_vs_packed_generate"], mean_verified=row.get("mean_verified"),
                 outputs_equal=sum(bool(r.get("outputs_equal")) for r in records),
                 output_ties=sum(bool(r.get("output_tie")) for r in records),
                 torch_threads=row.get("torch_threads"), load_average=row.get("load_average"), machine=row.get("machine"),
@@ -96,7 +115,7 @@ def collect_wall_clock(study_dir: Path) -> list[dict]:
 def wall_clock_table(rows: list[dict]) -> str:
     lines = [
         "| run | head | eval set | schedule | prompts | measured tau [95% CI] | drafts verified per step "
-        "| speedup vs `generate` [95% CI] | vs `generate` on the same kernels [95% CI] | break-even tau "
+        "| speedup vs `generate` [95% CI] | vs `generate` on the same kernels [95% CI] | break-even tau, same kernels "
         "| outputs equal (ties) |",
         "|---|---|---|---|---:|---|---:|---|---|---:|---|",
     ]
@@ -112,8 +131,10 @@ def wall_clock_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paired_differences(points: list[dict]) -> None:
-    """Each non-base point gets ``delta_vs_base`` and its paired interval over the prompts both ran on."""
+def paired_differences(points: list[dict], trend: dict) -> None:
+    """Each non-base point gets ``delta_vs_base`` and its paired interval over the prompts both ran on, and
+    ``delta_from_seconds``: what its extra (or missing) fit seconds alone would be worth on the base trend,
+    slope x log10(fit seconds / base fit seconds), the probe's error in turning the budget into steps."""
     base = {p["eval_set"]: p for p in points if p["run"] == BASE}
     for p in points:
         ref = base.get(p["eval_set"])
@@ -125,13 +146,16 @@ def paired_differences(points: list[dict]) -> None:
         (num_a, den_a), (num_b, den_b) = zip(*p["prompt_counts"], strict=True), zip(*ref["prompt_counts"], strict=True)
         p["delta_vs_base"] = p["measured_tau"] - ref["measured_tau"]
         p["delta_vs_base_ci"] = list(ratio_difference_bootstrap_ci(num_a, den_a, num_b, den_b))
+        slope = trend[p["eval_set"]]["slope_per_decade"]
+        p["delta_from_seconds"] = slope * math.log10(p["fit_wall_seconds"] / ref["fit_wall_seconds"])
 
 
 def table(points: list[dict]) -> str:
     lines = [
-        "| run | optimizer | noise std | draft vocab | B | steps | s/step (probe) | fit s | eval set | prompts "
-        "| measured tau [95% CI] | Δ tau vs base, same prompts [95% CI] |",
-        "|---|---|---:|---|---:|---:|---:|---:|---|---:|---|---|",
+        "| run | head | optimizer | noise std | draft vocab | B | steps | s/step (probe) | fit s | eval set | prompts "
+        "| measured tau [95% CI] | Δ tau vs base, same prompts [95% CI] | Δ its fit seconds alone would give "
+        "| teacher-forced greedy tau |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|",
     ]
     for p in points:
         lo, hi = p["measured_tau_ci"]
@@ -141,9 +165,11 @@ def table(points: list[dict]) -> str:
             delta = f"{p['delta_vs_base']:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
         fit_s = f"{p['fit_wall_seconds']:.0f}" if p["fit_wall_seconds"] else "-"
         lines.append(
-            f"| {p['run']} | {p['optimizer']} | {p['feature_noise_std']:g} | {p['draft_vocab']} | {p['block_size']} "
+            f"| {p['run']} | {p['markov_head']} | {p['optimizer']} | {p['feature_noise_std']:g} | {p['draft_vocab']} | {p['block_size']} "
             f"| {p['steps']} | {p['probe_seconds_per_step']:.2f} | {fit_s} | {p['eval_set']} | {p['num_prompts']} "
-            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] | {delta} |"
+            f"| {p['measured_tau']:.3f} [{lo:.3f}, {hi:.3f}] | {delta} "
+            f"| {'-' if 'delta_from_seconds' not in p else format(p['delta_from_seconds'], '+.3f')} "
+            f"| {'-' if p['tf_greedy_tau'] is None else format(p['tf_greedy_tau'], '.3f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -177,7 +203,7 @@ def main() -> None:
     points = collect(Path(args.study_dir))
     if not points:
         raise SystemExit(f"no <run>/budget.json with its step=N.decode.json under {args.study_dir}")
-    paired_differences(points)
+    paired_differences(points, json.loads(Path(TREND).read_text())["extrapolation"])
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     machines = {json.dumps(p["machine"], sort_keys=True) for p in points if p["machine"]}
@@ -190,15 +216,23 @@ def main() -> None:
         wall_clock=collect_wall_clock(Path(args.study_dir)),
     )
     (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    listed = ("acceptance_per_slot", "measured_tau_ci", "prompt_counts", "delta_vs_base", "delta_vs_base_ci", "machine")
+    listed = (
+        "acceptance_per_slot",
+        "measured_tau_ci",
+        "prompt_counts",
+        "delta_vs_base",
+        "delta_vs_base_ci",
+        "machine",
+        "delta_from_seconds",
+    )
     columns = [k for k in points[0] if k not in listed]
     with open(output / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*columns, "tau_ci_low", "tau_ci_high", "delta_vs_base", "delta_ci_low", "delta_ci_high",
-                         "cpu", "cpu_flags", "torch_threads"])  # fmt: skip
+                         "delta_from_seconds", "cpu", "cpu_flags", "torch_threads"])  # fmt: skip
         writer.writerows(
             [*(p[k] for k in columns), *p["measured_tau_ci"], p.get("delta_vs_base", ""),
-             *p.get("delta_vs_base_ci", ["", ""]), (p["machine"] or {}).get("cpu", ""),
+             *p.get("delta_vs_base_ci", ["", ""]), p.get("delta_from_seconds", ""), (p["machine"] or {}).get("cpu", ""),
              (p["machine"] or {}).get("flags", ""), (p["machine"] or {}).get("threads", "")]
             for p in points
         )  # fmt: skip

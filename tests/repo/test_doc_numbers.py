@@ -981,6 +981,16 @@ def loss_tau(path: str, label: str) -> Callable[[], str]:
     return value
 
 
+def paired_delta(path: str, run: str, eval_set: str) -> Callable[[], str]:
+    """A run's paired difference from the base with its interval, ``+0.028 [+0.015, +0.041]``."""
+
+    def value():
+        (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
+        return "{:+.3f} [{:+.3f}, {:+.3f}]".format(p["delta_vs_base"], *p["delta_vs_base_ci"])
+
+    return value
+
+
 def gemma_step(variant: str) -> Callable[[], str]:
     return lambda: fmt(load_json("experiments/gemma3_training_step/results/gemma_step.json")[variant]["tokens_per_second"], ".0f")
 
@@ -988,6 +998,7 @@ def gemma_step(variant: str) -> Callable[[], str]:
 RESULTS_DEMO, HEADS_400 = "experiments/demo_heads/results.json", "experiments/smollm2_heads/400steps/results.json"
 LOSS_DEMO, LOSS_SMOLLM2 = "experiments/loss_study/demo/results.json", "experiments/loss_study/smollm2/results.json"
 AUDIT = "experiments/mutation_audit/results.json"
+CHOICES = "experiments/smollm2_recipe_choices/results.json"
 HEADS_1200, HEADS_3000 = "experiments/smollm2_heads/1200steps/results.json", "experiments/smollm2_heads/3000steps/results.json"
 # experiments/README.md: each row's headline (keyed by its folder) against the experiment's raw file
 LEDGER = {
@@ -1027,6 +1038,10 @@ LEDGER = {
              pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 0, path=PACKED_HEAD),
              pays(P2400, "sharegpt_heldout", True, "speedup_vs_packed_generate_ci", 1, path=PACKED_HEAD)),
         ],
+    ),
+    "smollm2_recipe_choices/": Figures(
+        claims=[("feature noise {} on sharegpt_heldout", paired_delta(CHOICES, "feature_noise", "sharegpt_heldout"))],
+        context=["block 16"],
     ),
     "gemma3_heads/": Figures(
         claims=[("measured tau {} without a head, {} vanilla", gemma("none", "measured_tau"),

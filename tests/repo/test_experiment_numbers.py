@@ -474,6 +474,57 @@ def study_columns() -> dict:
 
 
 # Tables (by page, section and position) mapped to their raw file.
+# ------------------------------------------------------------------------------------- smollm2_recipe_choices/
+CHOICES = "experiments/smollm2_recipe_choices/results.json"
+
+
+def choices_report():
+    path = ROOT / "experiments/smollm2_recipe_choices/report.py"
+    spec = importlib.util.spec_from_file_location("recipe_choices_report", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+S, H = "sharegpt_heldout", "humaneval"
+
+
+def doc_machine_line(machine: dict) -> str:
+    from dspark_lightning.machine import machine_line
+
+    return machine_line(machine)
+
+
+def choice(run: str, eval_set: str, key: str = "delta_vs_base", spec: str = ".0f") -> Callable[[], str]:
+    """A run's figure on one evaluation set: a paired difference with its interval, or a measured tau with its own."""
+
+    def value():
+        (p,) = [p for p in load_json(CHOICES)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
+        if key == "delta_vs_base":
+            return "{:+.3f} [{:+.3f}, {:+.3f}]".format(p[key], *p["delta_vs_base_ci"])
+        if key == "measured_tau":
+            return "{:.3f} [{:.3f}, {:.3f}]".format(p[key], *p["measured_tau_ci"])
+        return fmt(p[key], spec) if isinstance(p[key], int | float) else str(p[key])
+
+    return value
+
+
+def timed(run: str, eval_set: str, schedule: str, key: str) -> Callable[[], str]:
+    """A timed run's speedup with its interval (or another figure of its row)."""
+
+    def value():
+        (r,) = [
+            r
+            for r in load_json(CHOICES)["wall_clock"]
+            if (r["run"], r["eval_set"], r["schedule"]) == (run, eval_set, schedule)
+        ]
+        if key.startswith("speedup"):
+            return "{:.3f}x [{:.3f}, {:.3f}]".format(r[key], *r[f"{key}_ci"])
+        return fmt(r[key], ".2f")
+
+    return value
+
+
 # fmt: off
 TABLES = {
     ("training_step_speedup", 0): ResultsTable(
@@ -634,8 +685,56 @@ GENERATED = {
     "mutation_audit": lambda: mutation_script().readme(load_json(AUDIT)["results"]),
 }
 
+# Hand-written pages whose tables a script renders from the raw file: the page's tables are exactly those renderings,
+# in order (and so are the markdown files the script wrote beside it)
+RENDERED = {
+    "smollm2_recipe_choices": {
+        "table.md": lambda: choices_report().table(load_json(CHOICES)["points"]),
+        "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(CHOICES)["wall_clock"]),
+    },
+}
+
 # Every page's prose: its figures, filled from the raw files, and the setup facts beside them.
 PAGES = {
+    "smollm2_recipe_choices": Figures(
+        claims=[
+            ("({} tau per 10× training tokens", lambda: "{:+.2f}".format(
+                load_json("experiments/smollm2_cpu_hour_study/results.json")["extrapolation"]["sharegpt_heldout"]["slope_per_decade"])),
+            ("{}", lambda: doc_machine_line(load_json(CHOICES)["machine"])),
+            ("T(9)/T(1) = {} in float32", lambda: fmt(next(r["float32_ratio"] for r in load_json(
+                "benchmarks/precision/results/bf16_smollm2.json")["verify"] if r["rows"] == 9), ".2f")),
+            ("helped**: {} on sharegpt_heldout, {} on humaneval", choice("feature_noise", S), choice("feature_noise", H)),
+            ("its fit ran {} s against the base's {} s, worth {} on the base trend", choice("feature_noise", S, "fit_wall_seconds"),
+             choice("base", S, "fit_wall_seconds"), choice("feature_noise", S, "delta_from_seconds", "+.3f")),
+            ("per second here**: {} and {}", choice("muon", S), choice("muon", H)),
+            ("Its probe step took {} s against the base's {} s", choice("muon", S, "probe_seconds_per_step", ".2f"),
+             choice("base", S, "probe_seconds_per_step", ".2f")),
+            ("trained {} steps against {}", choice("muon", S, "steps"), choice("base", S, "steps")),
+            ("higher ({} against {})", choice("muon", S, "tf_greedy_tau", ".3f"), choice("base", S, "tf_greedy_tau", ".3f")),
+            ("at this budget**: {} and {}", choice("full_vocab", S), choice("full_vocab", H)),
+            ("makes the step {} s, so it trained {} steps", choice("full_vocab", S, "probe_seconds_per_step", ".2f"),
+             choice("full_vocab", S, "steps")),
+            ("no better**: {} and {}, {} steps", choice("block16", S), choice("block16", H), choice("block16", S, "steps")),
+            ("tau {} (gated) and {} (vanilla) on sharegpt_heldout, {} and {} on humaneval; {} and {} over the base",
+             choice("combined_gated", S, "measured_tau"), choice("combined_vanilla", S, "measured_tau"),
+             choice("combined_gated", H, "measured_tau"), choice("combined_vanilla", H, "measured_tau"),
+             choice("combined_gated", S), choice("combined_vanilla", S)),
+            ("alone would give {} and {}", choice("combined_gated", S, "delta_from_seconds", "+.3f"),
+             choice("combined_vanilla", S, "delta_from_seconds", "+.3f")),
+            ("schedule, runs at {} of", timed("combined_vanilla", S, "cost model", "speedup_vs_packed_generate")),
+            ("break-even near {} on", timed("combined_vanilla", S, "whole blocks", "break_even_tau")),
+            ("best {} (combined, vanilla head, cost-model", timed("combined_vanilla", S, "cost model", "speedup_vs_packed_generate")),
+            ("**missed**, best {} (combined, vanilla head)", choice("combined_vanilla", S, "measured_tau")),
+            ("**missed**, best {}\n", choice("combined_vanilla", H, "measured_tau")),
+        ],
+        context=["(issue 43)", "issue 43", "B = 8", "128 blocks", "1,024-token", "lr 1e-3", "40 warm-up steps", "lr 1e-2",
+                 "AdamW 1e-3", "std 0.05", "49,152", "600 s", "40-step", "a fifth", "32 prompts", "64 new tokens", "§7.8",
+                 "1,284", "10 to 15", "0.7", "0.8", "top_k 20", "16 prompts", "first 12", "900 s", "Vd = 8,192", "≥ 2.0", "1.0",
+                 "0.4×", "tau 2.0", "(+0.17 tau per 10× tokens)", "block of 9", "AMX-BF16", "1.2× for 9 rows", "300 steps",
+                 "Block 16", "blocks of 16", "bf16", "fp32", "float32", "block16", "anchors128", "seed 0", "one row",
+                 "AVX2", "orders of magnitude", "600", "10×", "95%", "DFlash-2"],
+        unbacked=["about 30 s"],
+    ),
     "training_step_speedup": Figures(
         claims=[
             ("H = {}, V = {}, target layers [{}]", get(STEP, "setup.shape.hidden", ".0f"),
@@ -1067,8 +1166,8 @@ def test_every_experiment_page_is_checked():
 def test_every_table_is_mapped(folder):
     found = [(folder, i) for i, _ in enumerate(tables(folder))]
     mapped = [key for key in TABLES if key[0] == folder]
-    if folder in GENERATED:
-        return  # the whole page is compared with what its script writes
+    if folder in GENERATED or folder in RENDERED:
+        return  # the whole page (or each of its tables) is compared with what its script writes
     assert found == mapped, f"{folder}/README.md: tables {found}, mapped in TABLES {mapped}"
 
 
@@ -1081,6 +1180,23 @@ def test_results_table_matches_its_file(key):
 @pytest.mark.parametrize("folder", list(GENERATED))
 def test_generated_page_is_what_its_script_writes_from_the_raw_file(folder):
     assert page(folder) == GENERATED[folder](), f"experiments/{folder}/README.md differs from its script's rendering"
+
+
+@pytest.mark.parametrize("folder", list(RENDERED))
+def test_rendered_tables_are_what_the_script_writes_from_the_raw_file(folder):
+    blocks, current = [], []
+    for line in [*page(folder).splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append("\n".join(current) + "\n")
+            current = []
+    rendered = {name: render() for name, render in RENDERED[folder].items()}
+    assert blocks == list(rendered.values()), f"experiments/{folder}/README.md: its tables differ from {list(rendered)}"
+    for name, text in rendered.items():
+        assert (EXPERIMENTS / folder / name).read_text() == text, (
+            f"experiments/{folder}/{name}: not the script's rendering"
+        )
 
 
 @pytest.mark.parametrize("folder", list(PAGES))
