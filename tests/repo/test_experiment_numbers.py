@@ -871,7 +871,7 @@ PAGES = {
             ("on the **{}** regenerated training conversations\n(the {} of the report + the next {}",
              lambda: f"{CONVERSATIONS[HEADS_3000]:,}", lambda: str(CONVERSATIONS[HEADS_1200]),
              lambda: str(CONVERSATIONS[HEADS_3000] - CONVERSATIONS[HEADS_1200])),
-            ("cosine to zero at step {}", head(HEADS_3000, "gated", "steps", ",.0f")),
+            ("cosine decay to a tenth of the lr at step {}", head(HEADS_3000, "gated", "steps", ",.0f")),
             ("{} held-out prompts × {} new tokens", head(HEADS_3000, "gated", "num_prompts", ".0f"),
              head(HEADS_3000, "gated", "wall_clock.max_new_tokens", ".0f")),
             ("load {} when timed)", lambda: doc.same([r["load_average"] for r in load_json(HEADS_3000)["rows"]], ".1f")),
