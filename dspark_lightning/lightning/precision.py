@@ -3,7 +3,8 @@
 On a CPU the choice is ``bf16-mixed`` when it has AMX-BF16 or AVX512-BF16 (``machine.fast_bf16``; oneDNN runs bf16
 matmuls there at about twice the fp32 rate) and ``32-true`` on one without (AVX2 only: bf16 converts to fp32 and back,
 slower than fp32); on a CUDA device that supports bf16, ``bf16-mixed``. ``Trainer`` is Lightning's with ``auto`` added
-to ``precision``, resolved before Lightning sees it, so every other option is Lightning's own.
+to ``precision``, resolved before Lightning sees it, so every other option is Lightning's own. Under ``bf16-mixed`` it
+also clips the gradients of a fused optimizer (``BF16MixedPrecision``), which Lightning's plugin refuses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Literal
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.connector import _PRECISION_INPUT
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision.precision import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 
 from dspark_lightning.machine import FAST_BF16_FLAGS, fast_bf16, machine_description
 
@@ -33,6 +36,19 @@ def resolve_precision(precision, accelerator="auto", machine: dict | None = None
     return "32-true", f"CPU {machine['cpu']} has neither {' nor '.join(FAST_BF16_FLAGS)} (bf16 would be emulated)"
 
 
+class BF16MixedPrecision(MixedPrecision):
+    """Lightning's ``bf16-mixed`` plugin, clipping gradients of fused optimizers too.
+
+    Lightning refuses to clip when the optimizer "handles unscaling" (``fused=True`` AdamW), a rule for fp16's gradient
+    scaler. bf16 autocast has no scaler: the gradients are already unscaled, so clipping them is plain norm clipping.
+    """
+
+    def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM) -> None:
+        if self.scaler is not None:  # a scaler (fp16): Lightning's check stands
+            return super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+        return Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
 class Trainer(pl.Trainer):
     """Lightning's ``Trainer``; ``precision`` also takes ``auto`` (``resolve_precision``), logged in one line."""
 
@@ -46,3 +62,7 @@ class Trainer(pl.Trainer):
             precision, why = resolve_precision(precision, kwargs.get("accelerator", "auto"))
             rank_zero_info(f"precision auto: {precision} ({why})")
         super().__init__(precision=precision, **kwargs)
+        plugin = self.strategy.precision_plugin
+        if type(plugin) is MixedPrecision and plugin.precision == "bf16-mixed" and plugin.scaler is None:
+            # the configs' fused AdamW with gradient_clip_val would stop at the first step on an AMX CPU otherwise
+            self.strategy.precision_plugin = BF16MixedPrecision("bf16-mixed", device=plugin.device)
