@@ -1,10 +1,9 @@
 """``--trainer.precision auto``: bf16-mixed where the hardware has a bf16 matmul path, 32-true elsewhere, logged.
 
-On a CPU the choice is ``bf16-mixed`` when it has AMX-BF16 or AVX512-BF16 (``machine.fast_bf16``; oneDNN runs bf16
-matmuls there at about twice the fp32 rate) and ``32-true`` on one without (AVX2 only: bf16 converts to fp32 and back,
-slower than fp32); on a CUDA device that supports bf16, ``bf16-mixed``. ``Trainer`` is Lightning's with ``auto`` added
-to ``precision``, resolved before Lightning sees it, so every other option is Lightning's own. Under ``bf16-mixed`` it
-also clips the gradients of a fused optimizer (``BF16MixedPrecision``), which Lightning's plugin refuses.
+On a CPU: ``bf16-mixed`` with AMX-BF16 or AVX512-BF16 (``machine.fast_bf16``; oneDNN runs bf16 matmuls in hardware),
+``32-true`` with AVX2 only (bf16 would be emulated, slower than fp32); on a CUDA device with bf16, ``bf16-mixed``.
+``Trainer`` is Lightning's with ``auto`` added to ``precision``; under ``bf16-mixed`` it also clips the gradients of a
+fused optimizer (``BF16MixedPrecision``), which Lightning's plugin refuses.
 """
 
 from __future__ import annotations
