@@ -1,8 +1,9 @@
 """fp32 against bf16 on this CPU, side by side in one run: the training step, the verify forward, ``generate``.
 
 Run: ``python -m benchmarks.precision.bf16_vs_fp32 [--shape smollm2] [--threads 1]`` (the demo target by default, ~1-2 minutes on
-one thread) or ``--quick`` (a smoke run). Writes ``bf16[_<shape>][_quick].{md,json}`` under ``benchmarks/precision/results``,
-each naming the machine (``dspark_lightning.machine``): bf16 pays only where the CPU has AMX or AVX512-BF16.
+one thread) or ``--quick`` (a smoke run). Writes ``bf16[_<shape>][_<suffix>][_quick].{md,json}`` under
+``benchmarks/precision/results``, each naming the machine (``dspark_lightning.machine``): bf16 pays only where the CPU
+has AMX or AVX512-BF16. ``--suffix amx`` keeps an AMX machine's run beside the AVX2 one instead of replacing it.
 
 Design choices:
 - Training step: the quickstart's real ``DSparkModule.shared_step`` on one batch of the demo data (online target
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats per measurement")
     parser.add_argument("--new_tokens", type=int, default=32, help="generate's new tokens per call")
+    parser.add_argument("--suffix", default="", help="appended to the result files' stem (e.g. amx: the machine kind)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start, machine = time.perf_counter(), machine_description()
@@ -228,7 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report["total_s"] = time.perf_counter() - start
     report["load_average_end"] = machine_description()["load_average"]
-    stem = "bf16" + ("" if args.shape == "demo" else f"_{args.shape}") + ("_quick" if args.quick else "")
+    stem = "_".join(["bf16", *([args.shape] if args.shape != "demo" else []), *([args.suffix] if args.suffix else [])])
+    stem += "_quick" if args.quick else ""
     write_results(report, stem)
     print((RESULTS / f"{stem}.md").read_text())
     return report

@@ -10,7 +10,8 @@ Runs under the throw-away venv's python (never under the project's environment, 
 - ``DSparkDraftModel.get_trainer_kwargs(loss_fn=..., loss_implementation="eager", ...)`` resolves the compound loss
   with their eager (non-Triton) losses, as their trainer does;
 - a step is what their ``Trainer`` does per batch: ``_, loss, metrics = model(**batch, **train_kwargs)``,
-  ``zero_grad``, ``loss.backward()``, ``clip_grad_norm_(1.0)``, ``optimizer.step()`` (no autocast: fp32 on CPU).
+  ``zero_grad``, ``loss.backward()``, ``clip_grad_norm_(1.0)``, ``optimizer.step()`` (no autocast: fp32 on CPU;
+  ``precision: bf16`` in the config wraps the forward in bf16 autocast, as on our side).
 
 Protocol (driven by ``step_vs_speculators``): argv[1] is a JSON config; the driver builds the model, runs the warm-up
 steps, prints ``@@ {"ready": ...}`` and then answers each stdin line ``run N`` with ``@@ {"steps": [...]}`` (per-step
@@ -90,9 +91,12 @@ def main() -> None:
     optimizer = torch.optim.AdamW(params, lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     model.train()
 
+    bf16 = cfg.get("precision") == "bf16"
+
     def step() -> dict:
         t0 = time.perf_counter()
-        _, loss, _metrics = model(**batch, **train_kwargs)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # the same autocast as our side
+            _, loss, _metrics = model(**batch, **train_kwargs)
         t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

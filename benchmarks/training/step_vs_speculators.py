@@ -19,7 +19,8 @@ Design choices:
 - Same model config: draft layers, hidden size, heads, block size B, anchors A, Markov rank and head type, confidence
   head reading the Markov embedding, loss ``{"ce": 0.1, "tv": 0.9}`` with exp(-k/4) position weights (theirs: their
   *eager* losses, the non-Triton implementation), AdamW (lr 6e-4, betas 0.9/0.95, no weight decay), grad-norm clip
-  1.0, fp32, no ``torch.compile`` (theirs compiles only on CUDA). Attention: ours ``sdpa`` with a dense boolean mask
+  1.0, fp32 (``--precision bf16``: both forwards under bf16 autocast, what ``bf16-mixed`` runs; files
+  ``train_step_bf16*``), no ``torch.compile`` (theirs compiles only on CUDA). Attention: ours ``sdpa`` with a dense boolean mask
   (our CPU default); theirs ``sdpa`` (``draft_attn_impl``; their default FlexAttention has no CPU backward, and their
   ``eager`` was slower in a trial). The trainable parameter counts of both sides are reported as a check.
 - Our step = ``DSparkModule.shared_step`` (drafter forward, chunked compound loss, confidence BCE) + the
@@ -187,9 +188,12 @@ def ours_worker(config_path: str) -> None:
     module.train()
     generator = torch.Generator().manual_seed(cfg["seed"])
 
+    bf16 = cfg.get("precision") == "bf16"
+
     def step() -> dict:
         t0 = time.perf_counter()
-        out = module.shared_step(batch, generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # what Lightning's bf16-mixed wraps
+            out = module.shared_step(batch, generator)
         total = out.loss
         with torch.no_grad():  # what training_step logs
             stats = AcceptanceMetrics(module.metric_block_size)
@@ -285,6 +289,7 @@ def bench_config(
     warmup: int,
     threads: int,
     log=print,
+    precision: str = "fp32",
 ) -> tuple[dict, str]:
     """Alternated timing of one config; returns the result row and the reference's status for it."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +298,8 @@ def bench_config(
     # fmt: off
     run_cfg = {**cfg, "target_dir": str(workdir / "target"), "inputs": str(workdir / "inputs.safetensors"),
                "mask_token_id": cfg["vocab"] - 1, "vocab_size": cfg["vocab"], "loss": LOSS, "gamma": 4.0, "lr": 6e-4,
-               "seed": 0, "warmup": warmup, "threads": threads, "reference_attention": "sdpa"}
+               "seed": 0, "warmup": warmup, "threads": threads, "reference_attention": "sdpa",
+               "precision": precision}
     # fmt: on
     (workdir / "config.json").write_text(json.dumps(run_cfg))
     ours = [sys.executable, "-m", "benchmarks.training.step_vs_speculators", "--worker", str(workdir / "config.json")]
@@ -430,6 +436,8 @@ def run(
     rounds: int | None = None,
     steps: int | None = None,
     log=print,
+    precision: str = "fp32",
+    suffix: str = "",
 ) -> list[dict]:
     """Run the benchmark and write its results; ``reference_venv=None`` measures our side only."""
     from dspark_lightning.machine import machine_description
@@ -448,7 +456,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
         for name, cfg in configs.items():
             row, status = bench_config(
-                name, cfg, Path(tmp) / name, python, rounds, steps, 1 if quick else 2, threads, log
+                name, cfg, Path(tmp) / name, python, rounds, steps, 1 if quick else 2, threads, log, precision
             )
             rows.append(row)
             statuses.append(f"{name}: {status}")
@@ -458,15 +466,23 @@ def run(
             )
     notes = [
         f"Reference environment: {venv_status}. Per config: " + "; ".join(statuses) + ".",
-        "Same for both sides: one packed row, fp32, no autocast and no `torch.compile`, AdamW (lr 6e-4, betas 0.9/0.95), "
+        "Same for both sides: one packed row, "
+        + (
+            "bf16 autocast around the forward (what `bf16-mixed` runs; fp32 weights and optimizer)"
+            if precision == "bf16"
+            else "fp32, no autocast"
+        )
+        + " and no `torch.compile`, AdamW (lr 6e-4, betas 0.9/0.95), "
         'grad-norm clip 1.0, loss `{"ce": 0.1, "tv": 0.9}` (theirs: eager losses) with exp(-k/4) slot weights, '
         "confidence head on [h ; W1[prev]] with BCE to the detached acceptance, `sample_from_anchor=True`, "
         "4 packed documents, target features precomputed, sdpa attention, heads 8 (4 KV, head_dim 32), "
         "intermediate 768 (`tiny`: heads 4/2, head_dim 16, intermediate 128).",
         f"Total benchmark time {time.perf_counter() - start:.0f} s.",
     ]
-    write_results(rows, machine, out_dir, "train_step_quick" if quick else "train_step", notes)
-    log(f"wrote {out_dir}/train_step{'_quick' if quick else ''}.{{csv,md}}")
+    stem = "_".join(["train_step", *(["bf16"] if precision == "bf16" else []), *([suffix] if suffix else [])])
+    stem += "_quick" if quick else ""
+    write_results(rows, machine, out_dir, stem, notes)
+    log(f"wrote {out_dir}/{stem}.{{csv,md}}")
     return rows
 
 
@@ -480,6 +496,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per side (default 1)")
     parser.add_argument("--rounds", type=int, default=None, help="alternation rounds (default 5; quick 2)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per side per round (default 2)")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: both sides' forward under bf16 autocast (bf16-mixed); files train_step_bf16*",
+    )
+    parser.add_argument("--suffix", default="", help="appended to the result files' stem (e.g. amx: the machine kind)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -493,6 +516,8 @@ def main(argv: list[str] | None = None) -> None:
         args.threads,
         args.rounds,
         args.steps,
+        precision=args.precision,
+        suffix=args.suffix,
     )
 
 

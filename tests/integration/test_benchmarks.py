@@ -51,6 +51,15 @@ def test_train_step_quick_ours_only(tmp_path):
     assert "disabled" in markdown and "| tiny |" in markdown
 
 
+def test_train_step_bf16_runs_under_autocast_into_its_own_files(tmp_path):
+    bench_train_step.run(quick=True, out_dir=tmp_path, reference_venv=None, rounds=1, steps=1, log=lambda *_: None,
+                         precision="bf16", suffix="amx")  # fmt: skip
+    assert not (tmp_path / "train_step_quick.csv").exists()  # the fp32 files are never overwritten by a bf16 run
+    _, (record,) = read_csv(tmp_path / "train_step_bf16_amx_quick.csv")
+    assert float(record["ours_ms"]) > 0
+    assert "bf16 autocast around the forward" in (tmp_path / "train_step_bf16_amx_quick.md").read_text()
+
+
 def test_scaling_quick_writes_table_and_plots(tmp_path):
     rows = bench_scaling.run(quick=True, out_dir=tmp_path, repeats=1, log=lambda *_: None)
     header, records = read_csv(tmp_path / "scaling_quick.csv")
