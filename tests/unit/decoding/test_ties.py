@@ -1,5 +1,5 @@
-"""decoding/ties.py: a greedy difference from generate is a tie only when the target's top two logits are within the
-dtype's resolution at the first differing token, and the two tokens are those two."""
+"""decoding/ties.py: a greedy difference from generate is a tie only when both tokens' logits are within the dtype's
+resolution of the target's top logit at the first differing token."""
 
 from __future__ import annotations
 
@@ -43,6 +43,20 @@ def test_top_two_within_the_resolution_is_a_tie_else_an_error(dtype):
     assert classify_difference(FixedLogits(apart), reference, output, 2)["kind"] == "error"
     third = torch.tensor([0.0, 10.0, 10.0, 10.0 - ulp(10.0, dtype)]).to(dtype)  # speculation chose no top-2 token
     assert classify_difference(FixedLogits(third), reference, torch.tensor([[7, 7, 1, 0]]), 2)["kind"] == "error"
+    expected_far = torch.tensor([0.0, 10.0, 9.0, 10.0]).to(dtype)  # generate's own token a whole logit below the top
+    assert classify_difference(FixedLogits(expected_far), reference, torch.tensor([[7, 7, 1, 1]]), 2)["kind"] == "error"
+
+
+def test_three_logits_rounded_to_one_bf16_value_tie_whichever_two_tokens_were_chosen():
+    """bf16 rounds 10.01, 10.02 and 10.03 to the same value: topk(2) names two of the three arbitrarily, and a
+    speculative token that is the third is still a tie (seen on SmolLM2 in bf16, gap 0.0, classified an error)."""
+    logits = torch.tensor([10.01, 0.0, 10.02, 10.03]).to(torch.bfloat16)
+    assert logits[0] == logits[2] == logits[3]
+    reference = torch.tensor([[7, 7, 1, 0]])
+    for token in (2, 3):
+        tie = classify_difference(FixedLogits(logits), reference, torch.tensor([[7, 7, 1, token]]), 2)
+        assert tie["kind"] == "tie" and tie["gap"] == 0.0
+    assert classify_difference(FixedLogits(logits), reference, torch.tensor([[7, 7, 1, 1]]), 2)["kind"] == "error"
 
 
 def test_an_output_that_stops_early_is_an_error():
