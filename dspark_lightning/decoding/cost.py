@@ -44,30 +44,34 @@ def measure_verify_cost(
     head_rows, head_kernels = 1, contextlib.nullcontext()
     if packed_verify and verify is body and isinstance(head, torch.nn.Linear):
         head_rows, head_kernels = None, PackedLinears(head, max_block + 1)  # as TargetForwards verifies
-    lengths, seconds = [], []
-    for n in [1, *range(1, max_block + 1)]:  # the first n = 1 is a warm-up
-        block = torch.randint(0, vocab, (1, n + 1), generator=generator).to(device)
-        times = []
-        for _ in range(repeats):
-            target_cache = TargetCache(model)  # the cache speculative_generate verifies on (sliding layers too)
-            cache = target_cache.cache
-            verify(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
-            target_cache.prompt_done()
-            if torch.cuda.is_available() and torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            with kernels:
-                out = verify(input_ids=block, use_cache=True, **{cache_kwarg: cache})
-            if verify is body:
-                with head_kernels:
-                    head(out.last_hidden_state[:, :head_rows])
-            if torch.cuda.is_available() and torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        lengths.append(n)
-        seconds.append(sorted(times)[len(times) // 2])
-    x = torch.tensor(lengths[1:], dtype=torch.float64)
-    y = torch.tensor(seconds[1:], dtype=torch.float64)
+    blocks = {n: torch.randint(0, vocab, (1, n + 1), generator=generator).to(device) for n in range(1, max_block + 1)}
+
+    def timed_verify(n: int) -> float:
+        target_cache = TargetCache(model)  # the cache speculative_generate verifies on (sliding layers too)
+        cache = target_cache.cache
+        verify(input_ids=prompt, use_cache=True, **{cache_kwarg: cache})
+        target_cache.prompt_done()
+        if torch.cuda.is_available() and torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with kernels:
+            out = verify(input_ids=blocks[n], use_cache=True, **{cache_kwarg: cache})
+        if verify is body:
+            with head_kernels:
+                head(out.last_hidden_state[:, :head_rows])
+        if torch.cuda.is_available() and torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    timed_verify(1)  # warm-up
+    # every round times each n once, so a stretch of load from another process slows a few samples of every n
+    # rather than all samples of a few n (which bent the fit: a slope of 0 made whole blocks look free)
+    times: dict[int, list[float]] = {n: [] for n in blocks}
+    for _ in range(repeats):
+        for n in blocks:
+            times[n].append(timed_verify(n))
+    x = torch.tensor(list(times), dtype=torch.float64)
+    y = torch.tensor([sorted(t)[len(t) // 2] for t in times.values()], dtype=torch.float64)  # medians
     design = torch.stack((torch.ones_like(x), x), dim=1)
     t0, t1 = torch.linalg.lstsq(design, y[:, None]).solution[:, 0].tolist()
     return max(t0, 1e-9), max(t1, 0.0)

@@ -143,3 +143,27 @@ def test_the_verify_cost_model_times_the_packed_forward(monkeypatch):
     measure_verify_cost(model.double(), prompt_length=8, max_block=2, repeats=1)
     with pytest.raises(ValueError, match="torch.float64 weight"):
         measure_verify_cost(model, prompt_length=8, max_block=2, repeats=1, packed_verify=True)
+
+
+def test_a_stretch_of_load_during_the_cost_measurement_does_not_bend_the_fit(monkeypatch):
+    """Five consecutive verify forwards run 10x slower (another process took the core): every round times each n
+    once, so the stretch slows at most two of each n's five samples and the medians keep T(n) = 0.2 + 0.05 n. Timing
+    all repeats of one n before the next put the whole stretch on one or two n (the fit then gave a slope of 0)."""
+    model = make_tiny_qwen3(vocab_size=48, hidden_size=32, num_layers=2, seed=0)
+    now, verifies = [0.0], [0]
+
+    def advance(module, args, kwargs):
+        tokens = kwargs["input_ids"].shape[1]
+        slow = 1.0
+        if tokens <= 5:  # a verify forward (the prompt has 8 tokens)
+            verifies[0] += 1
+            slow = 10.0 if 6 <= verifies[0] < 11 else 1.0
+        now[0] += slow * (0.15 + 0.05 * tokens)
+
+    handle = model.model.register_forward_pre_hook(advance, with_kwargs=True)
+    try:
+        monkeypatch.setattr(cost_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+        t0, t1 = measure_verify_cost(model, prompt_length=8, max_block=4, repeats=5)
+    finally:
+        handle.remove()
+    assert (t0, t1) == pytest.approx((0.2, 0.05))
