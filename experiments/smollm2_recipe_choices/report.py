@@ -24,7 +24,7 @@ import torch
 from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 from dspark_lightning.machine import machine_line
 
-BASE = "base"
+BASE = "base"  # --base: the run every other one is paired with
 # the base recipe's measured-tau trend per 10x training tokens, fitted by the earlier study on the same target
 TREND = "experiments/smollm2_cpu_hour_study/results.json"
 TARGET_TAU = 2.0  # issue 43's measured-tau target on both evaluation sets
@@ -58,7 +58,7 @@ def final_tf_greedy_tau(fit_log: Path) -> float | None:
     return float(values[-1]) if values else None
 
 
-def collect(study_dir: Path) -> list[dict]:
+def collect(study_dir: Path, base: str = BASE) -> list[dict]:
     points = []
     for budget_file in sorted(study_dir.glob("*/budget.json")):
         run_dir = budget_file.parent
@@ -71,7 +71,7 @@ def collect(study_dir: Path) -> list[dict]:
             points.append(dict(
                 run=run_dir.name, steps=budget["steps"], budget_s=budget["budget_s"],
                 probe_seconds_per_step=budget["probe_seconds_per_step"],
-                fit_wall_seconds=budget.get("fit_wall_seconds"),
+                fit_wall_seconds=budget.get("fit_wall_seconds"), precision=budget.get("precision"),
                 tf_greedy_tau=final_tf_greedy_tau(study_dir / f"{run_dir.name}.fit.log"),
                 training_tokens=budget["steps"] * run_settings["seq_len"], **run_settings,
                 eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
@@ -80,7 +80,7 @@ def collect(study_dir: Path) -> list[dict]:
                 prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
                 dtype=row.get("dtype"), machine=row.get("machine"),
             ))  # fmt: skip
-    return sorted(points, key=lambda p: (p["run"] != BASE, p["run"], p["eval_set"] != "sharegpt_heldout"))
+    return sorted(points, key=lambda p: (p["run"] != base, p["run"], p["eval_set"] != "sharegpt_heldout"))
 
 
 def collect_wall_clock(study_dir: Path) -> list[dict]:
@@ -95,16 +95,24 @@ def collect_wall_clock(study_dir: Path) -> list[dict]:
         ckpt_settings = settings(budget_file.parent / f"step={steps}.ckpt")
         for row in json.loads(timed.read_text()):
             records = row["prompt_records"]
+            # packed verify: generate timed on its default and on the packed kernels; otherwise (bf16) the speculative
+            # loop verifies on generate's own default kernels, so its plain speedup is the same-kernel one
+            packed = row.get("speedup_vs_packed_generate") is not None
+            same, same_ci = (
+                (row["speedup_vs_packed_generate"], row["speedup_vs_packed_generate_ci"])
+                if packed
+                else (row["speedup"], row["speedup_ci"])
+            )
             rows.append(dict(
                 run=budget_file.parent.name, steps=steps, markov_head=ckpt_settings["markov_head"],
                 eval_set=row["eval_set"], schedule="cost model" if isinstance(row.get("threshold"), list) else "whole blocks",
                 num_prompts=row["num_prompts"], max_new_tokens=row["max_new_tokens"],
                 measured_tau=row["measured_tau"], measured_tau_ci=row["measured_tau_ci"],
                 speedup=row["speedup"], speedup_ci=row["speedup_ci"],
-                speedup_vs_packed_generate=row["speedup_vs_packed_generate"],
-                speedup_vs_packed_generate_ci=row["speedup_vs_packed_generate_ci"],
+                speedup_vs_packed_generate=same, speedup_vs_packed_generate_ci=same_ci, verify_kernels=
+                "oneDNN-packed" if packed else "default", dtype=row.get("dtype"),
                 # the tau at which this run's cost per step would pay against the same-kernel generate (speedup ∝ tau)
-                break_even_tau=row["measured_tau"] / row["speedup_vs_packed_generate"], mean_verified=row.get("mean_verified"),
+                break_even_tau=row["measured_tau"] / same, mean_verified=row.get("mean_verified"),
                 outputs_equal=sum(bool(r.get("outputs_equal")) for r in records),
                 output_ties=sum(bool(r.get("output_tie")) for r in records),
                 torch_threads=row.get("torch_threads"), load_average=row.get("load_average"), machine=row.get("machine"),
@@ -131,14 +139,14 @@ def wall_clock_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paired_differences(points: list[dict], trend: dict) -> None:
+def paired_differences(points: list[dict], trend: dict, base_run: str = BASE) -> None:
     """Each non-base point gets ``delta_vs_base`` and its paired interval over the prompts both ran on, and
     ``delta_from_seconds``: what its extra (or missing) fit seconds alone would be worth on the base trend,
     slope x log10(fit seconds / base fit seconds), the probe's error in turning the budget into steps."""
-    base = {p["eval_set"]: p for p in points if p["run"] == BASE}
+    base = {p["eval_set"]: p for p in points if p["run"] == base_run}
     for p in points:
         ref = base.get(p["eval_set"])
-        if p["run"] == BASE or ref is None:
+        if p["run"] == base_run or ref is None:
             continue
         if len(ref["prompt_counts"]) != len(p["prompt_counts"]):  # pairing needs the same prompts, in order
             raise SystemExit(f"{p['run']} / {p['eval_set']}: {len(p['prompt_counts'])} prompts, base has "
@@ -199,11 +207,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study_dir", required=True)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--base", default=BASE, help="the run the others are paired with (default: base)")
     args = parser.parse_args()
-    points = collect(Path(args.study_dir))
+    points = collect(Path(args.study_dir), args.base)
     if not points:
         raise SystemExit(f"no <run>/budget.json with its step=N.decode.json under {args.study_dir}")
-    paired_differences(points, json.loads(Path(TREND).read_text())["extrapolation"])
+    paired_differences(points, json.loads(Path(TREND).read_text())["extrapolation"], args.base)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     machines = {json.dumps(p["machine"], sort_keys=True) for p in points if p["machine"]}

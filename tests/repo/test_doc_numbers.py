@@ -715,6 +715,16 @@ def packed_head(key: str) -> Callable[[], str]:
     return lambda: same([r[key] for r in load_json(PACKED_HEAD)["eval_sets"]], ".0f")
 
 
+def timed_speedup(path: str, run: str, eval_set: str, schedule: str) -> Callable[[], str]:
+    """A timed run's speedup against `generate` on the same kernels with its interval, ``1.128x [1.075, 1.194]``."""
+
+    def value():
+        (r,) = [r for r in load_json(path)["wall_clock"] if (r["run"], r["eval_set"], r["schedule"]) == (run, eval_set, schedule)]
+        return "{:.3f}x [{:.3f}, {:.3f}]".format(r["speedup_vs_packed_generate"], *r["speedup_vs_packed_generate_ci"])
+
+    return value
+
+
 PROSE = {
     "The best drafter measured so far": Figures(  # README's headline, above its table
         claims=[
@@ -728,7 +738,10 @@ PROSE = {
         claims=[
             ("tau grows about\n{} per 10× training tokens", study_fit("sharegpt_heldout", "slope_per_decade")),
             ("training step {}× the time of speculators'", step("vanilla-B8", "ratio", ".2f")),
+            ("the vanilla drafter runs at {} of bf16 `generate`", timed_speedup(
+                "experiments/smollm2_bf16/results.json", "combined_bf16", "sharegpt_heldout", "cost model")),
         ],
+        context=["AVX2", "AVX512-BF16", "bf16", "900 s"],
     ),
     "**Gemma 3 270M, a base model**": Figures(
         claims=[
@@ -1042,6 +1055,11 @@ LEDGER = {
     "smollm2_recipe_choices/": Figures(
         claims=[("feature noise {} on sharegpt_heldout", paired_delta(CHOICES, "feature_noise", "sharegpt_heldout"))],
         context=["block 16"],
+    ),
+    "smollm2_bf16/": Figures(
+        claims=[("{} of bf16 `generate` on the same kernels", timed_speedup(
+            "experiments/smollm2_bf16/results.json", "combined_bf16", "sharegpt_heldout", "cost model"))],
+        context=["bf16"],
     ),
     "gemma3_heads/": Figures(
         claims=[("measured tau {} without a head, {} vanilla", gemma("none", "measured_tau"),

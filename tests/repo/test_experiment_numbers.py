@@ -476,6 +476,19 @@ def study_columns() -> dict:
 # Tables (by page, section and position) mapped to their raw file.
 # ------------------------------------------------------------------------------------- smollm2_recipe_choices/
 CHOICES = "experiments/smollm2_recipe_choices/results.json"
+BF16 = "experiments/smollm2_bf16/results.json"
+BF16_STEP = "benchmarks/training/results/train_step_bf16_avx512bf16.csv"
+BF16_VERIFY = "benchmarks/precision/results/bf16_smollm2_avx512bf16.json"
+
+
+def bf16_point(run: str, eval_set: str, key: str, spec: str) -> Callable[[], str]:
+    """A figure of one run of the bf16 study, formatted plainly (a measured tau without its interval, seconds)."""
+
+    def value():
+        (p,) = [p for p in load_json(BF16)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
+        return thousands(p[key]) if spec == "thousands" else fmt(p[key], spec)
+
+    return value
 
 
 def choices_report():
@@ -495,11 +508,13 @@ def doc_machine_line(machine: dict) -> str:
     return machine_line(machine)
 
 
-def choice(run: str, eval_set: str, key: str = "delta_vs_base", spec: str = ".0f") -> Callable[[], str]:
+def choice(
+    run: str, eval_set: str, key: str = "delta_vs_base", spec: str = ".0f", path: str = CHOICES
+) -> Callable[[], str]:
     """A run's figure on one evaluation set: a paired difference with its interval, or a measured tau with its own."""
 
     def value():
-        (p,) = [p for p in load_json(CHOICES)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
+        (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
         if key == "delta_vs_base":
             return "{:+.3f} [{:+.3f}, {:+.3f}]".format(p[key], *p["delta_vs_base_ci"])
         if key == "measured_tau":
@@ -509,13 +524,13 @@ def choice(run: str, eval_set: str, key: str = "delta_vs_base", spec: str = ".0f
     return value
 
 
-def timed(run: str, eval_set: str, schedule: str, key: str) -> Callable[[], str]:
+def timed(run: str, eval_set: str, schedule: str, key: str, path: str = CHOICES) -> Callable[[], str]:
     """A timed run's speedup with its interval (or another figure of its row)."""
 
     def value():
         (r,) = [
             r
-            for r in load_json(CHOICES)["wall_clock"]
+            for r in load_json(path)["wall_clock"]
             if (r["run"], r["eval_set"], r["schedule"]) == (run, eval_set, schedule)
         ]
         if key.startswith("speedup"):
@@ -692,10 +707,50 @@ RENDERED = {
         "table.md": lambda: choices_report().table(load_json(CHOICES)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(CHOICES)["wall_clock"]),
     },
+    "smollm2_bf16": {  # the same report script, run by experiments/smollm2_bf16/run.sh report
+        "table.md": lambda: choices_report().table(load_json(BF16)["points"]),
+        "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(BF16)["wall_clock"]),
+    },
 }
 
 # Every page's prose: its figures, filled from the raw files, and the setup facts beside them.
+B16, G16, F32, CM, WB = "combined_bf16", "combined_gated_bf16", "combined_fp32", "cost model", "whole blocks"
 PAGES = {
+    "smollm2_bf16": Figures(
+        claims=[
+            ("{}", lambda: doc_machine_line(load_json(BF16)["machine"])),
+            ("its probe step took {} s against fp32's {} s", bf16_point(B16, S, "probe_seconds_per_step", ".2f"),
+             bf16_point(F32, S, "probe_seconds_per_step", ".2f")),
+            ("trained {} steps against {}", bf16_point(B16, S, "steps", "thousands"), bf16_point(F32, S, "steps", "thousands")),
+            ("the fits ran {} s and {} s", bf16_point(B16, S, "fit_wall_seconds", ".0f"),
+             bf16_point(F32, S, "fit_wall_seconds", ".0f")),
+            ("tau**: {} on sharegpt_heldout and {} on humaneval", choice(B16, S, path=BF16), choice(B16, H, path=BF16)),
+            ("favour it ({} on the earlier", choice(B16, S, "delta_from_seconds", "+.3f", path=BF16)),
+            ("at this budget: {} against {} on sharegpt_heldout, {} against {} on humaneval",
+             bf16_point(G16, S, "measured_tau", ".3f"), bf16_point(B16, S, "measured_tau", ".3f"),
+             bf16_point(G16, H, "measured_tau", ".3f"), bf16_point(B16, H, "measured_tau", ".3f")),
+            ("cost-model schedule runs at {} of bf16 `generate` on the same kernels, the gated head at {}; whole blocks "
+             "pay less ({} and {})", timed(B16, S, CM, "speedup", BF16), timed(G16, S, CM, "speedup", BF16),
+             timed(B16, S, WB, "speedup", BF16), timed(G16, S, WB, "speedup", BF16)),
+            ("they break even: {} and {} with the cost model", timed(B16, H, CM, "speedup", BF16),
+             timed(G16, H, CM, "speedup", BF16)),
+            ("verifies 9 tokens for {} times the cost", lambda: fmt(next(r["bfloat16_ratio"] for r in load_json(
+                BF16_VERIFY)["verify"] if r["rows"] == 9), ".2f")),
+            ("break-even tau is about {} with", timed(B16, S, CM, "break_even_tau", BF16)),
+            ("**missed**, best {} (gated, bf16)", choice(G16, S, "measured_tau", path=BF16)),
+            ("on this CPU: {} with the vanilla head vLLM serves, {} gated", timed(B16, S, CM, "speedup", BF16),
+             timed(G16, S, CM, "speedup", BF16)),
+            ("**missed**, best {};", choice(B16, H, "measured_tau", path=BF16)),
+            ("**missed**, {}× in bf16", lambda: fmt(next(r["ratio"] for r in doc.load_csv(BF16_STEP)
+                                                          if r["config"] == "vanilla-B8"), ".2f")),
+            ("and {} tau per 10× training tokens", lambda: "{:+.2f}".format(load_json(
+                "experiments/smollm2_cpu_hour_study/results.json")["extrapolation"]["sharegpt_heldout"]["slope_per_decade"])),
+        ],
+        context=["(issue 43)", "4 bf16 units", "combined_fp32", "fp32", "bf16", "AVX512-BF16", "AMX-BF16", "B = 8", "128 blocks", "1,024-token", "lr 1e-3",
+                 "40 warm-up steps", "1,284", "seed 0", "(std 0.05)", "900 s", "40-step", "32 prompts", "64 new tokens",
+                 "§7.8", "float32", "16 prompts", "tau near 1.3", "0.0", "slope of 0", "≥ 2.0", "1.0",
+                 "0.4×", "10×", "300 steps", "AVX2", "95%"],
+    ),
     "smollm2_recipe_choices": Figures(
         claims=[
             ("({} tau per 10× training tokens", lambda: "{:+.2f}".format(
@@ -730,7 +785,7 @@ PAGES = {
         context=["(issue 43)", "issue 43", "B = 8", "128 blocks", "1,024-token", "lr 1e-3", "40 warm-up steps", "lr 1e-2",
                  "AdamW 1e-3", "std 0.05", "49,152", "600 s", "40-step", "a fifth", "32 prompts", "64 new tokens", "§7.8",
                  "1,284", "10 to 15", "0.7", "0.8", "top_k 20", "16 prompts", "first 12", "900 s", "Vd = 8,192", "≥ 2.0", "1.0",
-                 "0.4×", "tau 2.0", "(+0.17 tau per 10× tokens)", "block of 9", "AMX-BF16", "1.2× for 9 rows", "300 steps",
+                 "0.4×", "tau 2.0", "(+0.17 tau per 10× tokens)", "block of 9", "AVX512-BF16", "AMX-BF16", "1.2× for 9 rows", "300 steps",
                  "Block 16", "blocks of 16", "bf16", "fp32", "float32", "block16", "anchors128", "seed 0", "one row",
                  "AVX2", "orders of magnitude", "600", "10×", "95%", "DFlash-2"],
         unbacked=["about 30 s"],
