@@ -206,7 +206,8 @@ def ours_worker(config_path: str) -> None:
         t2 = time.perf_counter()
         optimizer.step()
         t3 = time.perf_counter()
-        return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "loss": float(total.detach())}
+        return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "loss": float(total.detach()),
+                "logits_dtype": str(out.drafter_output.logits.dtype).removeprefix("torch.")}  # fmt: skip
 
     for _ in range(cfg["warmup"]):
         step()
@@ -347,6 +348,9 @@ def bench_config(
         params = {side: w.ready["trainable_params"] for side, w in workers.items() if w.ready}
         for worker in workers.values():
             worker.close()
+    dtypes = {s["logits_dtype"] for s in times["ours"]}
+    if dtypes != {"bfloat16" if precision == "bf16" else "float32"}:  # the precision asked for is the one timed
+        raise RuntimeError(f"{name}: --precision {precision} but our step's draft logits were {sorted(dtypes)}")
     # fmt: off
     row = {"config": name, "hidden": cfg["hidden"], "layers": cfg["num_layers"], "vocab": cfg["vocab"],
            "seq_len": cfg["seq_len"], "block_size": cfg["block_size"], "anchors": cfg["max_anchors"],
