@@ -715,12 +715,15 @@ def packed_head(key: str) -> Callable[[], str]:
     return lambda: same([r[key] for r in load_json(PACKED_HEAD)["eval_sets"]], ".0f")
 
 
-def timed_speedup(path: str, run: str, eval_set: str, schedule: str) -> Callable[[], str]:
-    """A timed run's speedup against `generate` on the same kernels with its interval, ``1.128x [1.075, 1.194]``."""
+def timed(path: str, run: str, eval_set: str, schedule: str, key: str = "speedup_vs_packed_generate") -> Callable[[], str]:
+    """A timed run's figure from a study's ``wall_clock`` rows: a speedup with its interval (``1.128x [1.075,
+    1.194]``; ``speedup_vs_packed_generate`` is the one against `generate` on the same kernels), else ``.2f``."""
 
     def value():
         (r,) = [r for r in load_json(path)["wall_clock"] if (r["run"], r["eval_set"], r["schedule"]) == (run, eval_set, schedule)]
-        return "{:.3f}x [{:.3f}, {:.3f}]".format(r["speedup_vs_packed_generate"], *r["speedup_vs_packed_generate_ci"])
+        if key.startswith("speedup"):
+            return "{:.3f}x [{:.3f}, {:.3f}]".format(r[key], *r[f"{key}_ci"])
+        return fmt(r[key], ".2f")
 
     return value
 
@@ -738,7 +741,7 @@ PROSE = {
         claims=[
             ("tau grows about\n{} per 10× training tokens", study_fit("sharegpt_heldout", "slope_per_decade")),
             ("training step {}× the time of speculators'", step("vanilla-B8", "ratio", ".2f")),
-            ("the vanilla drafter runs at {} of bf16 `generate`", timed_speedup(
+            ("the vanilla drafter runs at {} of bf16 `generate`", timed(
                 "experiments/smollm2_bf16/results.json", "combined_bf16", "sharegpt_heldout", "cost model")),
         ],
         context=["AVX2", "AVX512-BF16", "bf16", "900 s"],
@@ -1057,7 +1060,7 @@ LEDGER = {
         context=["block 16"],
     ),
     "smollm2_bf16/": Figures(
-        claims=[("{} of bf16 `generate` on the same kernels", timed_speedup(
+        claims=[("{} of bf16 `generate` on the same kernels", timed(
             "experiments/smollm2_bf16/results.json", "combined_bf16", "sharegpt_heldout", "cost model"))],
         context=["bf16"],
     ),

@@ -526,18 +526,7 @@ def choice(
 
 def timed(run: str, eval_set: str, schedule: str, key: str, path: str = CHOICES) -> Callable[[], str]:
     """A timed run's speedup with its interval (or another figure of its row)."""
-
-    def value():
-        (r,) = [
-            r
-            for r in load_json(path)["wall_clock"]
-            if (r["run"], r["eval_set"], r["schedule"]) == (run, eval_set, schedule)
-        ]
-        if key.startswith("speedup"):
-            return "{:.3f}x [{:.3f}, {:.3f}]".format(r[key], *r[f"{key}_ci"])
-        return fmt(r[key], ".2f")
-
-    return value
+    return doc.timed(path, run, eval_set, schedule, key)
 
 
 # fmt: off
