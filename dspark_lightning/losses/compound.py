@@ -125,8 +125,11 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
             )
             values[:, s:e] = vals
             if need_grad:
-                rw = grad_w[s:e, None]
-                g.mul_(rw).masked_fill_(rw == 0, 0.0)  # zero (not NaN) for rows outside the loss
+                rw = grad_w[s:e]
+                g.mul_(rw[:, None])
+                outside = (rw == 0).nonzero().squeeze(-1)
+                if outside.numel():  # zero (not NaN) for rows outside the loss; a row fill, not a per-element mask
+                    g.index_fill_(0, outside, 0.0)
                 buf[s:e] = g
                 del g
         eff_w = static_w

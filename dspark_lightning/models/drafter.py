@@ -337,7 +337,8 @@ class DSparkDrafter(nn.Module):
         else:
             logprobs, argmax = full_vocab_teacher(rows, self.lm_head.weight, self.d2t, softcap=self.logit_softcap)
         if unique.numel() != flat.numel() or not torch.equal(unique, flat):
-            logprobs, argmax = logprobs[inverse], argmax[inverse]
+            # index_select copies whole rows; advanced indexing gathers element by element on CPU (about 10x slower)
+            logprobs, argmax = logprobs.index_select(0, inverse), argmax[inverse]
         return logprobs.view(*positions.shape, -1), argmax.view(positions.shape)
 
     # ------------------------------------------------------------------ inference
