@@ -19,6 +19,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from dspark_lightning.errors import UserError
 from dspark_lightning.evaluation.calibrate import calibrate_command
 from dspark_lightning.evaluation.decode import decode_command
+from dspark_lightning.huge_pages import use_huge_pages
 from dspark_lightning.interop.export import export_command
 from dspark_lightning.interop.import_gguf import import_gguf_command
 from dspark_lightning.interop.serve_check import serve_check_command
@@ -151,6 +152,7 @@ def main() -> int:
     gave (printed as one line; ``DSPARK_DEBUG=1`` shows its traceback), a traceback for anything else."""
     # Lightning's own call of a torch API that newer torch deprecates: nothing a user of the command can act on
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    use_huge_pages()  # before any model loads: PyTorch reads the setting at its first large allocation
     try:
         cli_main()
     # a missing file, or one in the way of an output, is always one the user named

@@ -25,6 +25,9 @@ Design choices:
   ``eager`` was slower in a trial). The trainable parameter counts of both sides are reported as a check.
 - Our step = ``DSparkModule.shared_step`` (drafter forward, chunked compound loss, confidence BCE) + the
   ``AcceptanceMetrics`` update that ``training_step`` logs; theirs = ``model(**batch)`` (loss and their metrics).
+- Huge pages: both workers run with PyTorch's huge-page allocation (``THP_MEM_ALLOC_ENABLE=1``, which our command
+  line turns on and speculators does not), so the ratio compares the implementations under one allocator setting;
+  ``--huge-pages ours`` gives each side its own default, ``none`` neither (files ``*_thp_ours``, ``*_thp_none``).
 - One thread on both sides (``torch.set_num_threads`` and ``OMP_NUM_THREADS``): the machine has 2 cores shared with
   other jobs, and oversubscribed OpenMP threads make timings of small ops erratic.
 - Alternation: both sides run as persistent warm worker processes; after warm-up the parent alternates batches of
@@ -53,6 +56,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DRIVER = Path(__file__).resolve().parent / "_speculators_driver.py"
 DEFAULT_VENV = Path("/tmp/specvenv")
 LOSS = {"ce": 0.1, "tv": 0.9}
+# which workers get PyTorch's huge-page allocation (THP_MEM_ALLOC_ENABLE=1, dspark_lightning/huge_pages.py): ``both``
+# compares the implementations under one allocator setting; ``ours`` compares each as it runs by default (our command
+# line turns it on, speculators does not); ``none`` turns it off for both
+HUGE_PAGES = ("both", "ours", "none")
 
 # fmt: off
 _BASE = dict(hidden=256, heads=8, kv_heads=4, head_dim=32, intermediate=768, target_layers=4, num_layers=2,
@@ -68,7 +75,8 @@ QUICK_CONFIG = {
 }
 COLUMNS = """config hidden layers vocab seq_len block_size anchors markov_rank markov_kind threads steps_per_side
 ours_ms theirs_ms ratio ratio_rounds ours_min_ms theirs_min_ms ours_forward_ms ours_backward_ms ours_optimizer_ms theirs_forward_ms
-theirs_backward_ms theirs_optimizer_ms ours_peak_rss_mib theirs_peak_rss_mib ours_params theirs_params reference""".split()
+theirs_backward_ms theirs_optimizer_ms ours_peak_rss_mib theirs_peak_rss_mib ours_params theirs_params huge_pages
+reference""".split()
 # fmt: on
 
 
@@ -154,6 +162,8 @@ def ours_worker(config_path: str) -> None:
     cfg = json.loads(Path(config_path).read_text())
     import torch
 
+    from dspark_lightning.huge_pages import huge_pages_on
+
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
     from safetensors.torch import load_file
@@ -218,6 +228,7 @@ def ours_worker(config_path: str) -> None:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "trainable_params": sum(p.numel() for p in params),
+            "huge_pages": huge_pages_on(),  # what this worker's allocator was asked for, read back
         }
     )
     for line in sys.stdin:
@@ -291,6 +302,7 @@ def bench_config(
     threads: int,
     log=print,
     precision: str = "fp32",
+    huge_pages: str = "both",
 ) -> tuple[dict, str]:
     """Alternated timing of one config; returns the result row and the reference's status for it."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -304,11 +316,13 @@ def bench_config(
     # fmt: on
     (workdir / "config.json").write_text(json.dumps(run_cfg))
     ours = [sys.executable, "-m", "benchmarks.training.step_vs_speculators", "--worker", str(workdir / "config.json")]
-    workers = {"ours": Worker("ours", ours, threads, workdir / "ours.log", ROOT)}
+    thp = {side: {"THP_MEM_ALLOC_ENABLE": "1" if huge_pages == "both" or (huge_pages, side) == ("ours", "ours") else "0"}
+           for side in ("ours", "theirs")}  # fmt: skip
+    workers = {"ours": Worker("ours", ours, threads, workdir / "ours.log", ROOT, thp["ours"])}
     status = "not run"
     if reference_python is not None:
         command = [str(reference_python), str(DRIVER), str(workdir / "config.json")]
-        workers["theirs"] = Worker("theirs", command, threads, workdir / "theirs.log", workdir)
+        workers["theirs"] = Worker("theirs", command, threads, workdir / "theirs.log", workdir, thp["theirs"])
     times: dict[str, list[dict]] = {side: [] for side in workers}
     rss: dict[str, float] = {}
     round_ratios: list[float] = []  # ours / theirs of each round's medians
@@ -346,6 +360,7 @@ def bench_config(
             log(f"  {name} round {r + 1}/{rounds}: {per_side}")
     finally:
         params = {side: w.ready["trainable_params"] for side, w in workers.items() if w.ready}
+        ours_huge_pages = workers["ours"].ready and workers["ours"].ready["huge_pages"]
         for worker in workers.values():
             worker.close()
     dtypes = {s["logits_dtype"] for s in times["ours"]}
@@ -368,6 +383,9 @@ def bench_config(
         row[f"{side}_params"] = params.get(side, "")
     row["ratio"] = row["ours_ms"] / row["theirs_ms"] if row["theirs_ms"] != "" else ""
     row["ratio_rounds"] = statistics.median(round_ratios) if round_ratios and row["theirs_ms"] != "" else ""
+    # ours as read back in the worker (off where the kernel's THP is "never"); theirs as set in its environment
+    state = lambda on: "on" if on else "off"  # noqa: E731
+    row["huge_pages"] = f"ours {state(ours_huge_pages)}, theirs {state(thp['theirs']['THP_MEM_ALLOC_ENABLE'] == '1')}"
     row["reference"] = status
     return {c: row[c] for c in COLUMNS}, status
 
@@ -442,8 +460,11 @@ def run(
     log=print,
     precision: str = "fp32",
     suffix: str = "",
+    huge_pages: str = "both",
 ) -> list[dict]:
     """Run the benchmark and write its results; ``reference_venv=None`` measures our side only."""
+    if huge_pages not in HUGE_PAGES:
+        raise ValueError(f"huge_pages must be one of {', '.join(HUGE_PAGES)}; got {huge_pages!r}")
     from dspark_lightning.machine import machine_description
 
     machine = machine_description()
@@ -460,7 +481,17 @@ def run(
     with tempfile.TemporaryDirectory(prefix="bench_train_step_") as tmp:
         for name, cfg in configs.items():
             row, status = bench_config(
-                name, cfg, Path(tmp) / name, python, rounds, steps, 1 if quick else 2, threads, log, precision
+                name,
+                cfg,
+                Path(tmp) / name,
+                python,
+                rounds,
+                steps,
+                1 if quick else 2,
+                threads,
+                log,
+                precision,
+                huge_pages,
             )
             rows.append(row)
             statuses.append(f"{name}: {status}")
@@ -481,9 +512,14 @@ def run(
         "confidence head on [h ; W1[prev]] with BCE to the detached acceptance, `sample_from_anchor=True`, "
         "4 packed documents, target features precomputed, sdpa attention, heads 8 (4 KV, head_dim 32), "
         "intermediate 768 (`tiny`: heads 4/2, head_dim 16, intermediate 128).",
+        f"Huge pages (`--huge-pages {huge_pages}`): "
+        + "; ".join(f"{row['config']}: {row['huge_pages']}" for row in rows)
+        + " (PyTorch's 2 MB pages for CPU tensors of 2 MB or more, THP_MEM_ALLOC_ENABLE=1, which `dspark-lightning` "
+        "turns on by default; speculators leaves it off).",
         f"Total benchmark time {time.perf_counter() - start:.0f} s.",
     ]
     stem = "_".join(["train_step", *(["bf16"] if precision == "bf16" else []), *([suffix] if suffix else [])])
+    stem += "" if huge_pages == "both" else f"_thp_{huge_pages}"
     stem += "_quick" if quick else ""
     write_results(rows, machine, out_dir, stem, notes)
     log(f"wrote {out_dir}/{stem}.{{csv,md}}")
@@ -506,6 +542,13 @@ def main(argv: list[str] | None = None) -> None:
         default="fp32",
         help="bf16: both sides' forward under bf16 autocast (bf16-mixed); files train_step_bf16*",
     )
+    parser.add_argument(
+        "--huge-pages",
+        choices=HUGE_PAGES,
+        default="both",
+        help="which side gets PyTorch's huge-page allocation (both: one allocator setting for both, the default; "
+        "ours: each side's own default; files *_thp_ours / *_thp_none)",
+    )
     parser.add_argument("--suffix", default="", help="appended to the result files' stem (e.g. amx: the machine kind)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -522,6 +565,7 @@ def main(argv: list[str] | None = None) -> None:
         args.steps,
         precision=args.precision,
         suffix=args.suffix,
+        huge_pages=args.huge_pages,
     )
 
 

@@ -28,6 +28,7 @@ from benchmarks.precision import bf16_vs_fp32 as bench_bf16  # noqa: E402
 from benchmarks.training import quickstart_wall_time as bench_quickstart  # noqa: E402
 from benchmarks.training import step_scaling as bench_scaling  # noqa: E402
 from benchmarks.training import step_vs_speculators as bench_train_step  # noqa: E402
+from dspark_lightning import huge_pages  # noqa: E402
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -49,6 +50,20 @@ def test_train_step_quick_ours_only(tmp_path):
     assert int(record["ours_params"]) > 0
     markdown = (tmp_path / "train_step_quick.md").read_text()
     assert "disabled" in markdown and "| tiny |" in markdown
+    kernel_gives = (
+        "[never]" not in huge_pages.SYSTEM_SETTING.read_text() if huge_pages.SYSTEM_SETTING.exists() else False
+    )
+    # the default compares both sides under one allocator setting; ours is read back inside its worker
+    assert record["huge_pages"] == f"ours {'on' if kernel_gives else 'off'}, theirs on"
+
+
+def test_train_step_huge_pages_off_reaches_our_worker(tmp_path):
+    bench_train_step.run(quick=True, out_dir=tmp_path, reference_venv=None, rounds=1, steps=1, log=lambda *_: None,
+                         huge_pages="none")  # fmt: skip
+    _, (record,) = read_csv(tmp_path / "train_step_thp_none_quick.csv")
+    assert record["huge_pages"] == "ours off, theirs off"
+    with pytest.raises(ValueError, match="huge_pages must be one of"):
+        bench_train_step.run(quick=True, out_dir=tmp_path, reference_venv=None, huge_pages="yes")
 
 
 def test_train_step_bf16_runs_under_autocast_into_its_own_files(tmp_path):
