@@ -70,7 +70,7 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
     valid = out.slot_valid.view(Nb, B)
     loss_out = compound_loss(
         out.logits.reshape(Nb, B, -1),
-        out.teacher_logprobs.reshape(Nb, B, -1),
+        out.teacher_table,
         weights,
         valid,
         loss_spec,
@@ -79,6 +79,7 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
         block_size=B,
         lk_eta=hp.lk_eta,
         nla_alpha_min=hp.nla_alpha_min,
+        teacher_rows=out.teacher_rows,
     )
     total = loss_out.loss
     # greedy verification accepts the target's own argmax: compare in target ids over the whole vocabulary (with a

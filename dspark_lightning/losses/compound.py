@@ -44,8 +44,18 @@ class LossOutput:
 # inputs
 
 
-def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting):
-    if draft_logits.shape != teacher_logprobs.shape:
+def _flatten_inputs(
+    draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting, teacher_rows=None
+):
+    if teacher_rows is not None:  # a table of distinct rows [U, Vd] and the row of it each logits row reads
+        if teacher_rows.numel() != math.prod(draft_logits.shape[:-1]) or teacher_logprobs.dim() != 2:
+            raise ValueError(
+                f"teacher_rows {tuple(teacher_rows.shape)} must hold one row index per draft row of "
+                f"{tuple(draft_logits.shape)}, into a [U, Vd] teacher table; got {tuple(teacher_logprobs.shape)}"
+            )
+        if teacher_logprobs.shape[-1] != draft_logits.shape[-1]:
+            raise ValueError(f"teacher table {tuple(teacher_logprobs.shape)} and draft_logits differ in Vd")
+    elif draft_logits.shape != teacher_logprobs.shape:
         raise ValueError(
             f"draft_logits {tuple(draft_logits.shape)} and teacher_logprobs {tuple(teacher_logprobs.shape)} differ"
         )
@@ -79,7 +89,9 @@ def _flatten_inputs(draft_logits, teacher_logprobs, row_weights, valid_mask, blo
             block_size = lead[-1]
         if n % block_size:
             raise ValueError(f"{n} rows do not split into blocks of {block_size}")
-    return draft_logits.reshape(n, vd), teacher_logprobs.reshape(n, vd), static, lead, block_size
+    teacher = teacher_logprobs.reshape(-1, vd)
+    rows_index = None if teacher_rows is None else teacher_rows.reshape(n).to(device=dev)
+    return draft_logits.reshape(n, vd), teacher, rows_index, static, lead, block_size
 
 
 def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -94,7 +106,7 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
     """Forward: per-chunk values + analytic gradients into one buffer. Backward: buffer × grad_output."""
 
     @staticmethod
-    def forward(ctx, logits, teacher, static_w, spec_items, options, dpace_block, need_grad, retain):
+    def forward(ctx, logits, teacher, teacher_rows, static_w, spec_items, options, dpace_block, need_grad, retain):
         chunk_size, smoothing, lk_eta, nla_alpha_min = options
         n, vd = logits.shape
         cd = _compute_dtype(logits)
@@ -117,7 +129,7 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
             # the log-softmax is handed over without a name here, so chunk_terms can consume and free it
             vals, alpha[s:e], d_arg[s:e], t_arg[s:e], g = chunk_terms(
                 torch.log_softmax(logits[s:e].to(cd), dim=-1),
-                teacher[s:e].to(cd),
+                (teacher[s:e] if teacher_rows is None else teacher.index_select(0, teacher_rows[s:e])).to(cd),
                 weights,
                 lk_eta,
                 nla_alpha_min,
@@ -164,7 +176,7 @@ class _ChunkedCompoundLoss(torch.autograd.Function):
         else:
             ctx.buf = None
             grad = buf.mul_(grad_loss)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def compound_loss(
@@ -181,6 +193,7 @@ def compound_loss(
     lk_eta: float = DEFAULT_LK_ETA,
     nla_alpha_min: float = DEFAULT_NLA_ALPHA_MIN,
     retain_grad_buffer: bool = False,
+    teacher_rows: torch.Tensor | None = None,
 ) -> LossOutput:
     """Weighted masked-mean compound loss, chunked over rows with an analytic-gradient custom Function.
 
@@ -200,11 +213,14 @@ def compound_loss(
         lk_eta: η of the ``lk_hybrid`` weight λ = exp(−η·sg[α]) (>= 0; 3 as in the LK paper).
         nla_alpha_min: ε of ``nla`` = −log max(α, ε), in (0, 1).
         retain_grad_buffer: keep the gradient buffer so backward can run more than once.
+        teacher_rows: with it, ``teacher_logprobs`` is a table of distinct rows [U, Vd] and draft row r reads row
+            ``teacher_rows[r]`` of it (one index per draft row, any layout): what neighbouring blocks share is
+            stored once and gathered chunk by chunk, never expanded to the logits' size.
     """
     spec = validate_spec(spec)
     lk_eta, nla_alpha_min = validate_loss_options(lk_eta, nla_alpha_min)
-    logits2d, teacher2d, static, lead, bsz = _flatten_inputs(
-        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting
+    logits2d, teacher2d, rows_index, static, lead, bsz = _flatten_inputs(
+        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting, teacher_rows
     )
     n, vd = logits2d.shape
     if chunk_size is None:
@@ -216,6 +232,7 @@ def compound_loss(
     loss, comps, alpha, d_arg, t_arg, eff_w = _ChunkedCompoundLoss.apply(
         logits2d,
         teacher2d.detach(),
+        rows_index,
         static,
         tuple(spec.items()),
         (int(chunk_size), float(dpace_smoothing), lk_eta, nla_alpha_min),
@@ -249,14 +266,17 @@ def compound_loss_reference(
     lk_eta: float = DEFAULT_LK_ETA,
     nla_alpha_min: float = DEFAULT_NLA_ALPHA_MIN,
     retain_grad_buffer: bool = False,  # unused
+    teacher_rows: torch.Tensor | None = None,
 ) -> LossOutput:
     """Plain unchunked autograd implementation of :func:`compound_loss` (tests and benchmarks only)."""
     del chunk_size, retain_grad_buffer
     spec = validate_spec(spec)
     lk_eta, nla_alpha_min = validate_loss_options(lk_eta, nla_alpha_min)
-    z, lp, static, lead, bsz = _flatten_inputs(
-        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting
+    z, lp, rows_index, static, lead, bsz = _flatten_inputs(
+        draft_logits, teacher_logprobs, row_weights, valid_mask, block_size, position_weighting, teacher_rows
     )
+    if rows_index is not None:
+        lp = lp[rows_index]
     cd = _compute_dtype(z)
     logq = torch.log_softmax(z.to(cd), dim=-1)
     per, alpha, t = reference_terms(logq, lp.detach().to(cd), lk_eta, nla_alpha_min)

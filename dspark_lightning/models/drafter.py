@@ -35,7 +35,10 @@ class DrafterOutput:
     base_logits: torch.Tensor  # [b, A, B, Vd]
     hidden: torch.Tensor  # [b, A, B, H]
     confidence_logits: torch.Tensor | None  # [b, A, B]
-    teacher_logprobs: torch.Tensor  # [b, A, B, Vd]
+    # the target's log-probs over the draft vocabulary once per distinct position [U, Vd] (neighbouring blocks
+    # overlap), and the row of it each slot reads [b, A, B]: ``teacher_logprobs`` expands them
+    teacher_table: torch.Tensor
+    teacher_rows: torch.Tensor
     slot_valid: torch.Tensor  # [b, A, B] bool
     prev_tokens: torch.Tensor  # [b, A, B] target ids
     target_tokens: torch.Tensor  # [b, A, B] target ids of the predicted tokens
@@ -48,6 +51,11 @@ class DrafterOutput:
     def trained_slots(self, t: torch.Tensor) -> torch.Tensor:
         """A per-slot tensor of this output [b, A, B, ...] as [N, B', ...]: blocks flattened, trained slots only."""
         return self.config.trained_slots(t.flatten(0, 1))
+
+    @property
+    def teacher_logprobs(self) -> torch.Tensor:
+        """[b, A, B, Vd] target log-probs of each slot's token (a copy; the loss reads the table row by row)."""
+        return self.teacher_table.index_select(0, self.teacher_rows.flatten()).view(*self.teacher_rows.shape, -1)
 
 
 class DSparkDrafter(nn.Module):
@@ -279,13 +287,14 @@ class DSparkDrafter(nn.Module):
             )
             untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
             logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
-        teacher, teacher_argmax = self.teacher(final_hidden, (predicted - 1).clamp(min=0), teacher_stats)
+        table, rows, teacher_argmax = self.teacher_table(final_hidden, (predicted - 1).clamp(min=0), teacher_stats)
         return DrafterOutput(
             logits=logits,
             base_logits=base_logits,
             hidden=hidden,
             confidence_logits=self.confidence_logits(hidden, prev_tokens, prev_embedding),
-            teacher_logprobs=teacher,
+            teacher_table=table,
+            teacher_rows=rows,
             slot_valid=slot_valid,
             prev_tokens=prev_tokens,
             target_tokens=target_tokens,
@@ -334,7 +343,17 @@ class DSparkDrafter(nn.Module):
     def teacher(
         self, final_hidden: torch.Tensor, positions: torch.Tensor, stats: TeacherStats | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``teacher_logprobs``, the target's full-vocabulary argmax as target ids [b, ...]) after ``positions``.
+        """(``teacher_logprobs`` [b, ..., Vd], the target's full-vocabulary argmax as target ids [b, ...]) after
+        ``positions``: :meth:`teacher_table` expanded to one row per position."""
+        table, rows, argmax = self.teacher_table(final_hidden, positions, stats)
+        return table.index_select(0, rows.flatten()).view(*positions.shape, -1), argmax
+
+    @torch.no_grad()
+    def teacher_table(
+        self, final_hidden: torch.Tensor, positions: torch.Tensor, stats: TeacherStats | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the target's log-probs over the draft vocab at each distinct position of ``positions`` [U, Vd], the row of
+        that table each position reads [b, ...], the target's full-vocabulary argmax as target ids [b, ...]).
 
         With ``stats`` (per position of ``final_hidden``: the full-vocabulary logsumexp and argmax, as a feature
         cache stores them) the LM head runs over the draft rows only; without, over the whole vocabulary at the
@@ -350,10 +369,7 @@ class DSparkDrafter(nn.Module):
             logprobs = draft_logprobs(rows, head, logsumexp, self.logit_softcap)
         else:
             logprobs, argmax = full_vocab_teacher(rows, self.lm_head.weight, self.d2t, softcap=self.logit_softcap)
-        if unique.numel() != flat.numel() or not torch.equal(unique, flat):
-            # index_select copies whole rows; advanced indexing gathers element by element on CPU (about 10x slower)
-            logprobs, argmax = logprobs.index_select(0, inverse), argmax[inverse]
-        return logprobs.view(*positions.shape, -1), argmax.view(positions.shape)
+        return logprobs, inverse.view(positions.shape), argmax[inverse].view(positions.shape)
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()

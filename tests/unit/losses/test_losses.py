@@ -521,3 +521,24 @@ def test_bad_options_name_the_option():
     for eps in (0.0, 1.0, -1e-3):
         with pytest.raises(ValueError, match="nla_alpha_min"):
             compound_loss_reference(z, lp, None, None, {"nla": 1.0}, nla_alpha_min=eps)
+
+
+@pytest.mark.parametrize("spec", [ALL, {"rkl": 0.5, "js": 0.5}, {"lk_hybrid": 1.0}])
+def test_a_teacher_table_read_by_row_equals_the_expanded_teacher(spec):
+    # blocks overlap, so many draft rows read one teacher row: the table holds 5 rows for 3 x 4 draft rows
+    z, lp = make_case(nb=3, b=4, vd=11)
+    table = lp.reshape(-1, 11)[:5]
+    rows = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4], [4, 4, 0, 2]])
+    expanded = torch.stack([torch.stack([table[r] for r in block]) for block in rows.tolist()])
+    weights = torch.exp(-torch.arange(4, dtype=torch.float64) / 4)
+    zt, ze = z.clone().requires_grad_(), z.clone().requires_grad_()
+    got = compound_loss(zt, table, weights, None, spec, chunk_size=5, teacher_rows=rows)
+    want = compound_loss_reference(ze, expanded, weights, None, spec)
+    got.loss.backward()
+    want.loss.backward()
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(got.alpha, want.alpha, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(zt.grad, ze.grad, rtol=1e-10, atol=1e-13)
+    assert torch.equal(got.teacher_argmax, want.teacher_argmax)
+    with pytest.raises(ValueError, match="one row index per draft row"):
+        compound_loss(z, table, weights, None, spec, teacher_rows=rows[:2])
