@@ -365,6 +365,8 @@ class Figures:
 
 
 TRAIN_STEP = "benchmarks/training/results/train_step.csv"
+BF16_STEP = "benchmarks/training/results/train_step_bf16_avx512bf16.csv"
+BF16_STEP_NO_THP = "benchmarks/training/results/train_step_bf16_avx512bf16_thp_none.csv"
 LOSS_MEMORY = "benchmarks/memory/results/loss_memory.csv"
 SELECTOR, SELECTOR_MD = "benchmarks/decoding/results/selector.csv", "benchmarks/decoding/results/selector.md"
 DECODE = "benchmarks/decoding/results/decode.json"
@@ -375,9 +377,9 @@ SCALING = "benchmarks/training/results/scaling.csv"
 SMOLLM2_DRAFT_VOCAB = "assets/smollm2/draft_vocab.safetensors"
 
 
-def step(config: str, column: str, spec: str | None = None) -> Callable[[], str]:
-    """A column of one config of the training-step benchmark."""
-    return lambda: fmt(row(TRAIN_STEP, config=config)[column], spec) if spec else row(TRAIN_STEP, config=config)[column]
+def step(config: str, column: str, spec: str | None = None, path: str = TRAIN_STEP) -> Callable[[], str]:
+    """A column of one config of a training-step benchmark file (the fp32 AVX2 one unless ``path``)."""
+    return lambda: fmt(row(path, config=config)[column], spec) if spec else row(path, config=config)[column]
 
 
 def sel(head: str, vocab: int, batch: int, column: str, spec: str) -> Callable[[], str]:
@@ -447,6 +449,19 @@ PERFORMANCE = {
         ],
         context=["fp32"],
         unbacked=["0.61–0.76× over five runs", "0.72× in the quietest"],
+    ),
+    "benchmarks/training/results/train_step_bf16_avx512bf16.md": Figures(
+        claims=[
+            ("**{}×** its step time ({} vs {} ms, vanilla B={})", step("vanilla-B8", "ratio", ".2f", BF16_STEP),
+             step("vanilla-B8", "ours_ms", ".0f", BF16_STEP), step("vanilla-B8", "theirs_ms", ".0f", BF16_STEP),
+             step("vanilla-B8", "block_size", path=BF16_STEP)),
+            ("**{}×** ({} vs {} ms, gated B={})", step("gated-B16", "ratio", ".2f", BF16_STEP),
+             step("gated-B16", "ours_ms", ".0f", BF16_STEP), step("gated-B16", "theirs_ms", ".0f", BF16_STEP),
+             step("gated-B16", "block_size", path=BF16_STEP)),
+            ("huge pages {}× and {}×", step("vanilla-B8", "ratio", ".2f", BF16_STEP_NO_THP),
+             step("gated-B16", "ratio", ".2f", BF16_STEP_NO_THP)),
+        ],
+        context=["AVX512-BF16", "bf16", "0.4×"],
     ),
     "benchmarks/memory/results/loss_memory.md": Figures(
         claims=[
