@@ -67,7 +67,8 @@ def mkldnn_bf16() -> bool:
 def machine_description(cpuinfo: str | None = None, lscpu: str | None = None) -> dict[str, object]:
     """This machine as a flat JSON-ready dict: ``cpu``, ``flags`` (those of ``FLAGS`` present, space-separated),
     one bool per flag in ``FLAGS``, ``cores``, ``threads`` (torch's), ``torch``, ``cpu_capability`` (the kernels
-    ATen dispatches to), ``mkldnn_bf16``, ``fast_bf16``, the ``load_average`` at the call and ``huge_pages`` (THP_MEM_ALLOC_ENABLE)."""
+    ATen dispatches to), ``mkldnn_bf16``, ``fast_bf16``, the ``load_average`` at the call and ``huge_pages`` (whether
+    the process asked PyTorch for 2 MB pages, ``THP_MEM_ALLOC_ENABLE=1``)."""
     model, flags = cpu_info(cpuinfo, lscpu)
     try:
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -84,7 +85,7 @@ def machine_description(cpuinfo: str | None = None, lscpu: str | None = None) ->
         "mkldnn_bf16": mkldnn_bf16(),
         "fast_bf16": any(flag in flags for flag in FAST_BF16_FLAGS),
         "load_average": load,
-        # PyTorch's 2 MB pages for large CPU tensors (dspark_lightning/huge_pages.py): they change step timings
+        # PyTorch's 2 MB pages for large CPU tensors, as asked for (huge_pages.py): they change step timings
         "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",
     }
 

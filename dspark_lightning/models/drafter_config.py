@@ -101,7 +101,8 @@ class DrafterConfig:
         return self.block_size - self.first_trained_slot
 
     def trained_slots(self, t: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """The trained slots of a per-slot tensor whose dimension ``dim`` holds a block's B slots (a view)."""
+        """The trained slots of a per-slot tensor whose dimension ``dim`` holds a block's B slots (a view; the tensor
+        itself when every slot is trained)."""
         if self.first_trained_slot == 0:  # every slot: the tensor itself, so autograd adds no zero-filled slice grad
             return t
         return t.narrow(dim, self.first_trained_slot, self.trained_block_size)
