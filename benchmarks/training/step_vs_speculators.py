@@ -59,7 +59,7 @@ LOSS = {"ce": 0.1, "tv": 0.9}
 # which workers get PyTorch's huge-page allocation (THP_MEM_ALLOC_ENABLE=1, dspark_lightning/huge_pages.py): ``both``
 # compares the implementations under one allocator setting; ``ours`` compares each as it runs by default (our command
 # line turns it on, speculators does not); ``none`` turns it off for both
-HUGE_PAGES = ("both", "ours", "none")
+HUGE_PAGES = {"both": ("ours", "theirs"), "ours": ("ours",), "none": ()}  # option: the sides that get them
 
 # fmt: off
 _BASE = dict(hidden=256, heads=8, kv_heads=4, head_dim=32, intermediate=768, target_layers=4, num_layers=2,
@@ -316,8 +316,9 @@ def bench_config(
     # fmt: on
     (workdir / "config.json").write_text(json.dumps(run_cfg))
     ours = [sys.executable, "-m", "benchmarks.training.step_vs_speculators", "--worker", str(workdir / "config.json")]
-    thp = {side: {"THP_MEM_ALLOC_ENABLE": "1" if huge_pages == "both" or (huge_pages, side) == ("ours", "ours") else "0"}
-           for side in ("ours", "theirs")}  # fmt: skip
+    thp = {
+        side: {"THP_MEM_ALLOC_ENABLE": "1" if side in HUGE_PAGES[huge_pages] else "0"} for side in ("ours", "theirs")
+    }
     workers = {"ours": Worker("ours", ours, threads, workdir / "ours.log", ROOT, thp["ours"])}
     status = "not run"
     if reference_python is not None:
@@ -385,7 +386,7 @@ def bench_config(
     row["ratio_rounds"] = statistics.median(round_ratios) if round_ratios and row["theirs_ms"] != "" else ""
     # ours as read back in the worker (off where the kernel's THP is "never"); theirs as set in its environment
     state = lambda on: "on" if on else "off"  # noqa: E731
-    row["huge_pages"] = f"ours {state(ours_huge_pages)}, theirs {state(thp['theirs']['THP_MEM_ALLOC_ENABLE'] == '1')}"
+    row["huge_pages"] = f"ours {state(ours_huge_pages)}, theirs {state('theirs' in HUGE_PAGES[huge_pages])}"
     row["reference"] = status
     return {c: row[c] for c in COLUMNS}, status
 
@@ -544,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--huge-pages",
-        choices=HUGE_PAGES,
+        choices=list(HUGE_PAGES),
         default="both",
         help="which side gets PyTorch's huge-page allocation (both: one allocator setting for both, the default; "
         "ours: each side's own default; files *_thp_ours / *_thp_none)",

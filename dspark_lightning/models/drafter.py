@@ -21,7 +21,7 @@ from dspark_lightning.models.drafter_config import DrafterConfig
 from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.models.sparse_attention import grouped_context
 from dspark_lightning.models.target import final_logit_softcap, plain_lookup, rope_theta
-from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, full_vocab_teacher
+from dspark_lightning.models.teacher import TeacherStats, draft_logprobs, expand_rows, full_vocab_teacher
 from dspark_lightning.models.vocab import DraftVocab
 
 MARKOV_PREV = ("teacher", "own")
@@ -55,7 +55,7 @@ class DrafterOutput:
     @property
     def teacher_logprobs(self) -> torch.Tensor:
         """[b, A, B, Vd] target log-probs of each slot's token (a copy; the loss reads the table row by row)."""
-        return self.teacher_table.index_select(0, self.teacher_rows.flatten()).view(*self.teacher_rows.shape, -1)
+        return expand_rows(self.teacher_table, self.teacher_rows)
 
 
 class DSparkDrafter(nn.Module):
@@ -282,9 +282,12 @@ class DSparkDrafter(nn.Module):
             prev_embedding = self.markov_head.markov_w1(prev_tokens)
             # the head starts at the first drafted slot, as decoding does: in the DFlash convention slot 0 (the
             # bonus token) is never drafted, so it must not advance the rnn head's state either
-            drafted = self._add_markov_bias(
-                trained(base_logits), trained(prev_tokens), trained(hidden), trained(prev_embedding)
-            )
+            drafted = self.markov_head.add_block_bias(
+                trained(base_logits).flatten(0, 1),
+                trained(prev_tokens).flatten(0, 1),
+                trained(hidden).flatten(0, 1),
+                trained(prev_embedding).flatten(0, 1),
+            ).view(trained(base_logits).shape)
             untrained = cfg.untrained_slots(base_logits, dim=2)  # the DFlash bonus slot: never drafted
             logits = torch.cat((untrained, drafted), dim=2) if untrained.shape[2] else drafted
         table, rows, teacher_argmax = self.teacher_table(final_hidden, (predicted - 1).clamp(min=0), teacher_stats)
@@ -302,21 +305,6 @@ class DSparkDrafter(nn.Module):
             config=cfg,
             teacher_argmax=teacher_argmax,
         )
-
-    def _add_markov_bias(self, base_logits, prev_tokens, hidden, prev_embedding) -> torch.Tensor:
-        """Teacher-forced ``base_logits + bias`` over blocks [b, A, B', Vd]. For the vanilla and gated heads the bias
-        is W2 u, so it is added inside the matmul (``addmm``): no [.., Vd] bias tensor and no separate add pass."""
-        head = self.markov_head
-        flat = lambda t: t.flatten(0, 1)  # noqa: E731
-        if head.is_path_dependent:
-            bias = head.block_bias(flat(prev_tokens), flat(hidden), flat(prev_embedding))
-            return base_logits + bias.view(base_logits.shape).to(base_logits.dtype)
-        features = head.transition_features(flat(prev_tokens), flat(hidden), flat(prev_embedding))
-        rows = base_logits.reshape(-1, base_logits.shape[-1])
-        weight = head.markov_w2.weight
-        if not torch.is_autocast_enabled(rows.device.type):  # autocast casts all three itself
-            features, weight = features.to(rows.dtype), weight.to(rows.dtype)
-        return torch.addmm(rows, features.reshape(rows.shape[0], -1), weight.t()).view(base_logits.shape)
 
     @torch.no_grad()
     def _own_previous(self, base_logits: torch.Tensor, hidden: torch.Tensor, first_prev: torch.Tensor) -> torch.Tensor:
@@ -346,7 +334,7 @@ class DSparkDrafter(nn.Module):
         """(``teacher_logprobs`` [b, ..., Vd], the target's full-vocabulary argmax as target ids [b, ...]) after
         ``positions``: :meth:`teacher_table` expanded to one row per position."""
         table, rows, argmax = self.teacher_table(final_hidden, positions, stats)
-        return table.index_select(0, rows.flatten()).view(*positions.shape, -1), argmax
+        return expand_rows(table, rows), argmax
 
     @torch.no_grad()
     def teacher_table(

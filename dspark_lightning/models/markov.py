@@ -128,6 +128,25 @@ class MarkovHead(nn.Module):
             biases.append(bias)
         return torch.stack(biases, dim=1)
 
+    def add_block_bias(
+        self,
+        logits: torch.Tensor,
+        prev_token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        prev_embedding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``logits + block_bias(...)`` for logits [N, B, Vd]. Where the bias is W2 u (vanilla, gated) it is added
+        inside the matmul (``addmm``): no [N, B, Vd] bias tensor and no separate add pass (a training step's hot path)."""
+        if self.is_path_dependent:
+            bias = self.block_bias(prev_token_ids, hidden, prev_embedding)
+            return logits + bias.to(logits.dtype)
+        features = self.transition_features(prev_token_ids, hidden, prev_embedding)
+        rows = logits.reshape(-1, logits.shape[-1])
+        weight = self.markov_w2.weight
+        if not torch.is_autocast_enabled(rows.device.type):  # autocast casts all three itself
+            features, weight = features.to(rows.dtype), weight.to(rows.dtype)
+        return torch.addmm(rows, features.reshape(rows.shape[0], -1), weight.t()).view(logits.shape)
+
     def step_bias(
         self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

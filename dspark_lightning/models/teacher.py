@@ -104,6 +104,12 @@ def _full_vocab_pass(hidden, weight, d2t, chunk_elements, gather: bool = False, 
     return lse.view(lead), argmax.view(lead), (logprobs.view(*lead, -1) if gather else None)
 
 
+def expand_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``table [U, Vd]`` read at ``rows [...]`` (indices into it): [..., Vd], whole rows copied by ``index_select``
+    (advanced indexing gathers element by element on CPU, about ten times slower)."""
+    return table.index_select(0, rows.flatten()).view(*rows.shape, -1)
+
+
 def draft_logprobs(
     rows: torch.Tensor, draft_rows: torch.Tensor, logsumexp: torch.Tensor, softcap: float | None = None
 ) -> torch.Tensor:
@@ -119,6 +125,7 @@ __all__ = [
     "TeacherStats",
     "compute_dtype",
     "draft_logprobs",
+    "expand_rows",
     "full_vocab_stats",
     "full_vocab_teacher",
     "soft_cap",

@@ -109,6 +109,24 @@ def test_block_bias_equals_stacked_step_bias(variant):
     torch.testing.assert_close(head.block_bias(prev, hidden), torch.stack(steps, 1), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v.values()))
+def test_add_block_bias_adds_the_block_bias_and_its_gradients(variant):
+    head = make_head(**variant)
+    prev, hidden = inputs(seed=4)
+    logits = torch.randn(*prev.shape, VD, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    fused, plain = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    got = head.add_block_bias(fused, prev, hidden)
+    want = plain + head.block_bias(prev, hidden)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    weights = torch.randn(want.shape, dtype=torch.float64)
+    grads = [
+        torch.autograd.grad((out * weights).sum(), [x, head.markov_w2.weight])
+        for out, x in ((got, fused), (want, plain))
+    ]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_fresh_head_starts_as_pure_dflash():
     head = MarkovHead(verifier_vocab_size=V, draft_vocab_size=VD, rank=R, hidden_size=H, kind="gated")
     prev, hidden = inputs()
