@@ -107,9 +107,24 @@ class TrainingArgs:
     feature_noise_std: float = 0.0
     """Std of Gaussian noise added to the target's context features in training steps only (speculators'
     ``--noise-std 0.05``); never in validation, test or decoding. 0 = off."""
+    error_replay: float = 0.0
+    """Share of each row's training anchors moved to draft-induced error positions (Draft-OPD's error-position
+    replay): a no-grad probe forward drafts the sampled blocks greedily, and the positions where verification
+    first rejects them become anchors, as the next block of a decode is anchored there. Costs one extra forward
+    without gradients per step. 0 = off (uniformly sampled anchors only)."""
+    markov_prev: Literal["teacher", "own"] = "teacher"
+    """What the Markov head reads as a training slot's previous token: ``teacher`` (the text) or ``own`` (the
+    drafter's own greedy choice at the slot before, as in decoding: the draft-induced in-block state)."""
+    init_weights: str | None = None
+    """A checkpoint written by ``fit`` whose drafter weights this run starts from, as a new stage: fresh optimizer,
+    schedule and step count (``--ckpt_path`` resumes a run instead, and wins over this). The drafter options
+    must describe the same tensors. None = the usual initialization."""
 
     def __post_init__(self) -> None:
         _check_choice("training", "anchor_budget", self.anchor_budget, ANCHOR_BUDGETS)
+        _check_choice("training", "markov_prev", self.markov_prev, ("teacher", "own"))
+        if not 0 <= self.error_replay <= 1:
+            raise OptionError(f"model.training.error_replay must be a share in [0, 1], got {self.error_replay!r}")
         if not 0 <= self.feature_noise_std < float("inf"):
             raise OptionError(
                 f"model.training.feature_noise_std must be a finite number >= 0, got {self.feature_noise_std}"

@@ -8,7 +8,13 @@ runs with ``strict_loading=False``, so this check is ours).
 
 from __future__ import annotations
 
+import logging
 import os
+
+from dspark_lightning.checks import check_finite_state, read_checkpoint
+from dspark_lightning.errors import OptionError
+
+log = logging.getLogger(__name__)
 
 WORKING_DIRECTORY = "fit_working_directory"
 
@@ -35,3 +41,24 @@ class TrainableStateCheckpoints:
             raise KeyError(f"checkpoint lacks trainable drafter tensors (different model config?): {missing[:8]}")
         for key in frozen:  # the target's tensors, already loaded from model.target: not "missing" from the checkpoint
             checkpoint["state_dict"].setdefault(key, state[key])
+
+    def load_initial_weights(self, path: str | os.PathLike) -> None:
+        """Start from the trainable tensors of the ``fit`` checkpoint ``path`` (``training.init_weights``: a new stage
+        with its own optimizer and schedule). Every trainable tensor must be there with this module's shape."""
+        option = "model.training.init_weights"
+        state = read_checkpoint(path, option=option).get("state_dict")
+        if not isinstance(state, dict):
+            raise OptionError(f"{option} {str(path)!r} has no state_dict (expected a checkpoint written by fit)")
+        check_finite_state(state, f"{option} {path}")
+        own = self.state_dict()
+        needed = set(own) - self.frozen_state_keys()
+        missing = sorted(needed - set(state))
+        unexpected = sorted(set(state) - set(own))
+        reshaped = sorted(k for k in needed & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
+        if missing or unexpected or reshaped:
+            raise OptionError(
+                f"{option} {str(path)!r} does not hold this drafter's tensors (set the drafter options it was trained "
+                f"with): missing {missing[:4]}, unexpected {unexpected[:4]}, other shapes {reshaped[:4]}"
+            )
+        self.load_state_dict({key: state[key] for key in needed}, strict=False)
+        log.info("starting from the drafter weights of %s (%d tensors)", path, len(needed))

@@ -30,6 +30,7 @@ from dspark_lightning.losses import validate_spec
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, TeacherStats
 from dspark_lightning.models.anchors import anchor_coverage_counts, evaluation_anchors, sample_anchors
+from dspark_lightning.models.error_replay import probe_rejections, replay_anchors
 from dspark_lightning.models.target import TargetHeads
 from dspark_lightning.models.vocab import load_draft_vocab
 
@@ -115,7 +116,8 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
             )
 
     def setup(self, stage: str) -> None:
-        """Check that the data module's feature cache (if any) was written for this target and these layers."""
+        """Check that the data module's feature cache (if any) was written for this target and these layers; load
+        ``training.init_weights`` before fitting."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         device = self.trainer.strategy.root_device if self._trainer is not None else self.device
         if stage == "fit" and self.drafter_config.attention_backend == "flex" and device.type == "cpu":
@@ -123,6 +125,8 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
                 "model.drafter.attention_backend flex has no backward on CPU: train with sdpa (or auto, which picks "
                 "flex on CUDA and sdpa elsewhere); decoding and validation may use flex on CPU"
             )
+        if stage == "fit" and self.training_args.init_weights:  # a resumed run's --ckpt_path is restored after this
+            self.load_initial_weights(self.training_args.init_weights)
         cache_for = getattr(datamodule, "cache_for", None)
         caches = [c for c in ((cache_for("train"), cache_for("validation")) if cache_for else ()) if c is not None]
         if self.target_args.features == "cache" and datamodule is not None and cache_for and not caches:
@@ -207,10 +211,16 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None, anchors=None, noise_std=0.0
     ) -> StepOutput:
         """The drafter's forward and losses on one batch; ``noise_std`` > 0 (training steps only) adds Gaussian noise
-        of that std to the target's context features, drawn from ``generator``."""
+        of that std to the target's context features, drawn from ``generator``.
+
+        Without ``anchors`` this is a training step: anchors are sampled (and moved to error positions with
+        ``training.error_replay``) and the Markov head reads ``training.markov_prev``."""
         context_features, final_hidden = self.target_features(batch)
+        stats, markov_prev = self.teacher_stats(batch), "teacher"
         if anchors is None:
-            anchors = self.training_anchors(batch, generator)
+            anchors, markov_prev = self.training_anchors(batch, generator), self.training_args.markov_prev
+            if self.training_args.error_replay > 0:  # the probe sees clean features, as decoding does
+                anchors = self.replayed_anchors(batch, anchors, context_features, final_hidden, stats, generator)
         if noise_std > 0:  # drawn after the anchors: the same anchors with and without noise
             noise = torch.randn(context_features.shape, generator=generator, dtype=torch.float32)
             context_features = context_features + noise.to(context_features) * noise_std
@@ -222,9 +232,40 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
             context_features,
             final_hidden,
             anchors=anchors,
-            teacher_stats=self.teacher_stats(batch),
+            markov_prev=markov_prev,
+            teacher_stats=stats,
         )
         return step_output(out, self.loss_args, self.loss_spec, self.drafter)
+
+    @torch.no_grad()
+    def replayed_anchors(self, batch, anchors, context_features, final_hidden, stats, generator):
+        """``anchors`` with ``training.error_replay`` of them moved to where the drafter's own greedy blocks are
+        first rejected (``models/error_replay.py``): a probe forward without gradients, Markov head on its own
+        choices, as in decoding."""
+        probe = self.drafter(
+            batch["input_ids"],
+            batch["loss_mask"],
+            batch["document_ids"],
+            batch["position_ids"],
+            context_features,
+            final_hidden,
+            anchors=anchors,
+            markov_prev="own",
+            teacher_stats=stats,
+        )
+        rejections, found = probe_rejections(probe, self.drafter.draft_vocab)
+        cfg = self.drafter_config
+        return replay_anchors(
+            anchors,
+            rejections,
+            found,
+            batch["loss_mask"],
+            batch["document_ids"],
+            cfg.block_size,
+            cfg.sample_from_anchor,
+            round(self.training_args.error_replay * anchors.positions.shape[1]),
+            generator,
+        )
 
     def coverage_counts(self, batch, anchors) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.drafter_config

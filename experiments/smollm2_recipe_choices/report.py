@@ -47,6 +47,9 @@ def settings(ckpt: Path) -> dict:
         optimizer="MuonAdamW" if "inner" in optimizer else "AdamW",
         lr=[g.get("initial_lr", g["lr"]) for g in groups], feature_noise_std=training.get("feature_noise_std", 0.0),
         seq_len=state["datamodule_hyper_parameters"]["seq_len"],
+        # a stage (experiments/smollm2_draft_opd): the run it started from, and the draft-induced-state options
+        init_weights=training.get("init_weights") and "/".join(Path(training["init_weights"]).parts[-2:]),
+        error_replay=training.get("error_replay", 0.0), markov_prev=training.get("markov_prev", "teacher"),
     )  # fmt: skip
 
 

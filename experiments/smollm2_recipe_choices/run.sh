@@ -12,6 +12,7 @@
 # BUDGET_S=600 (default) training seconds per choice; PROMPTS=32 prompts per set; NEW_TOKENS=64 tokens per prompt.
 # PRECISION=bf16-mixed trains under bf16 autocast (default: the config's 32-true); DTYPE=bfloat16 decodes and times in
 # bf16 on the default kernels, `generate` in bf16 on the same kernels (default float32 on oneDNN-packed kernels).
+# FIT_ARGS: more `fit` options for every fit of the run, space-separated (e.g. a stage's --model.training.init_weights).
 # The budget is turned into steps per choice: a 40-step probe (its checkpoints' modification times at steps 10 and 40)
 # gives seconds per step under the load of the moment, steps = BUDGET_S / that, and the choice's fit then runs its own
 # warm-up + cosine schedule to exactly those steps (a schedule that ends where the budget does; a max_time cut would
@@ -33,11 +34,11 @@ DATA=${DATA:-"[cache/smollm2_951/train,cache/smollm2_952_1284/train]"}
 overlay() {  # the one change each choice makes to the base (the study's `anchors128`, its best one-change point)
   case "$1" in
     base) ;;
-    muon|feature_noise|full_vocab|block16) echo "--config configs/anchors/$1.yaml" ;;
+    muon|feature_noise|full_vocab|block16|draft_opd) echo "--config configs/anchors/$1.yaml" ;;
     vanilla) echo "--config configs/heads/vanilla.yaml" ;;  # the Markov head vLLM's DSpark serves today
     combined*) for c in ${COMBINED:?combined: set COMBINED to the choices to combine, e.g. COMBINED=\"muon feature_noise\"}; do
         overlay "$c"; done ;;
-    *) echo "unknown choice $1 (base | muon | feature_noise | full_vocab | block16 | combined)" >&2; exit 2 ;;
+    *) echo "unknown choice $1 (base | muon | feature_noise | full_vocab | block16 | draft_opd | combined)" >&2; exit 2 ;;
   esac
 }
 
@@ -53,7 +54,7 @@ fit() {
     --data.train_cache "$DATA" --model.drafter.max_anchors 128 --model.training.lr_warmup_steps 40 \
     --trainer.max_steps "$steps" --trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint \
     --trainer.callbacks.dirpath="$dir" --trainer.callbacks.save_top_k=-1 --trainer.callbacks.filename='{step}' \
-    ${PRECISION:+--trainer.precision "$PRECISION"} "${resume[@]}" "$@"
+    ${PRECISION:+--trainer.precision "$PRECISION"} ${FIT_ARGS:-} "${resume[@]}" "$@"
 }
 
 

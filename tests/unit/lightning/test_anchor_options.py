@@ -159,3 +159,103 @@ def test_full_vocab_drops_the_draft_vocabulary_and_block16_sets_the_block(capsys
     assert printed_config(capsys, recipe, "configs/anchors/full_vocab.yaml")["model"]["drafter"]["draft_vocab"] is None
     module = built("configs/anchors/block16.yaml").model
     assert module.drafter.block_size == 16 and module.drafter_config.block_size == 16
+
+
+@pytest.fixture(scope="module")
+def draft_opd():
+    cli = built("configs/anchors/draft_opd.yaml", "configs/heads/gated.yaml")
+    cli.model.configure_model()
+    cli.datamodule.setup("fit")
+    return cli.model, next(iter(cli.datamodule.train_dataloader()))
+
+
+def drafter_calls(module, step, batch) -> list[tuple[dict, object]]:
+    """Each drafter forward of one step: (its keyword arguments, its output)."""
+    calls = []
+    original = module.drafter.forward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append((kwargs, out))
+        return out
+
+    module.drafter.forward = spy
+    try:
+        with torch.no_grad():
+            step(batch, 0)
+    finally:
+        del module.drafter.forward
+    return calls
+
+
+def test_error_replay_moves_anchors_to_where_greedy_verification_first_rejects(draft_opd):
+    module, batch = draft_opd
+    assert module.training_args.error_replay == 0.5
+    (probe_kwargs, probe), (trained_kwargs, _) = drafter_calls(module, module.training_step, batch)
+    assert probe_kwargs["markov_prev"] == "own"  # the probe drafts as decoding does
+    # independently: the target's own next-token argmax from its full forward, the drafter's from the probe logits
+    with torch.no_grad():
+        target_next = module.target.model(input_ids=batch["input_ids"]).logits.argmax(-1)
+    drafted = probe.logits.argmax(-1)
+    sampled, moved = probe_kwargs["anchors"], trained_kwargs["anchors"]
+    B, S = module.drafter_config.block_size, batch["input_ids"].shape[1]
+    for row in range(batch["input_ids"].shape[0]):
+        rejections = set()
+        for a in range(sampled.positions.shape[1]):
+            if not sampled.valid[row, a]:
+                continue
+            p = int(sampled.positions[row, a])
+            for slot in range(B):  # sample_from_anchor: slot k predicts p + 1 + k
+                q = p + 1 + slot
+                if q >= S or not batch["loss_mask"][row, q]:
+                    break
+                if int(drafted[row, a, slot]) != int(target_next[row, q - 1]):
+                    rejections.add(q)
+                    break
+        before = set(sampled.positions[row][sampled.valid[row]].tolist())
+        after = set(moved.positions[row][moved.valid[row]].tolist())
+        assert len(after) == len(before) and after - before <= rejections and after != before
+        replayable = {q for q in rejections if q in after or q not in before}  # every rejection that was free to take
+        assert len(after & rejections) >= min(round(0.5 * sampled.positions.shape[1]), len(rejections & replayable))
+
+
+def test_markov_prev_own_feeds_the_drafters_own_choices_in_training_and_the_text_in_validation(draft_opd):
+    module, batch = draft_opd
+    _, (kwargs, out) = drafter_calls(module, module.training_step, batch)
+    assert kwargs["markov_prev"] == "own"
+    drafted = out.logits.argmax(-1)  # the drafter's choice at each slot (full vocabulary here)
+    valid = out.anchors.valid
+    assert torch.equal(out.prev_tokens[..., 1:][valid], drafted[..., :-1][valid])
+    assert not torch.equal(out.prev_tokens[..., 1:][valid], out.target_tokens[..., :-1][valid])
+    ((kwargs, out),) = drafter_calls(module, module.validation_step, batch)
+    assert kwargs["markov_prev"] == "teacher"  # validation and test measure teacher-forced acceptance, as before
+    assert torch.equal(out.prev_tokens[..., 1:][valid_v := out.anchors.valid], out.target_tokens[..., :-1][valid_v])
+
+
+@pytest.mark.parametrize("bad", [{"error_replay": 1.5}, {"error_replay": -0.1}, {"markov_prev": "text"}])
+def test_draft_opd_options_refuse_values_out_of_range(bad):
+    with pytest.raises(OptionError, match=f"model.training.{next(iter(bad))} must be"):
+        TrainingArgs(**bad)
+
+
+def test_init_weights_starts_a_stage_from_a_checkpoints_drafter(tmp_path):
+    source = built().model
+    state = {k: v + 0.25 if v.is_floating_point() else v for k, v in source.state_dict().items()}
+    for key in source.frozen_state_keys():
+        state.pop(key)
+    torch.save({"state_dict": state, "hyper_parameters": {}}, tmp_path / "sft.ckpt")
+    stage = built().model
+    stage = type(stage)(
+        **{**stage.hparams, "training": {**stage.hparams["training"], "init_weights": str(tmp_path / "sft.ckpt")}}
+    )
+    untouched = {k: v.clone() for k, v in stage.state_dict().items()}
+    stage.setup("fit")
+    for key, value in stage.state_dict().items():
+        assert torch.equal(value, state[key] if key in state else untouched[key]), key
+    assert any(not torch.equal(state[k], untouched[k]) for k in state)  # the weights did change
+    other = built("configs/heads/gated.yaml").model  # another Markov head: other tensors
+    other = type(other)(
+        **{**other.hparams, "training": {**other.hparams["training"], "init_weights": str(tmp_path / "sft.ckpt")}}
+    )
+    with pytest.raises(OptionError, match="model.training.init_weights .*does not hold this drafter's tensors"):
+        other.setup("fit")
