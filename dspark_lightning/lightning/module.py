@@ -28,7 +28,7 @@ from dspark_lightning.lightning.optim import default_optimizer, warmup_cosine_sc
 from dspark_lightning.lightning.step import AnchorCoverage, StepOutput, flatten_metrics, step_output
 from dspark_lightning.losses import validate_spec
 from dspark_lightning.metrics import AcceptanceMetrics, ConfidenceCalibration
-from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, TeacherStats
+from dspark_lightning.models import DrafterConfig, DrafterOutput, DSparkDrafter, FrozenTarget, TeacherStats
 from dspark_lightning.models.anchors import anchor_coverage_counts, evaluation_anchors, sample_anchors
 from dspark_lightning.models.error_replay import probe_rejections, replay_anchors
 from dspark_lightning.models.target import TargetHeads
@@ -224,7 +224,12 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
         if noise_std > 0:  # drawn after the anchors: the same anchors with and without noise
             noise = torch.randn(context_features.shape, generator=generator, dtype=torch.float32)
             context_features = context_features + noise.to(context_features) * noise_std
-        out = self.drafter(
+        out = self.draft(batch, context_features, final_hidden, anchors, markov_prev, stats)
+        return step_output(out, self.loss_args, self.loss_spec, self.drafter)
+
+    def draft(self, batch, context_features, final_hidden, anchors, markov_prev, stats) -> DrafterOutput:
+        """The drafter's training-form forward on ``batch`` at ``anchors``."""
+        return self.drafter(
             batch["input_ids"],
             batch["loss_mask"],
             batch["document_ids"],
@@ -235,24 +240,13 @@ class DSparkModule(TrainableStateCheckpoints, NonFiniteGuard, L.LightningModule)
             markov_prev=markov_prev,
             teacher_stats=stats,
         )
-        return step_output(out, self.loss_args, self.loss_spec, self.drafter)
 
     @torch.no_grad()
     def replayed_anchors(self, batch, anchors, context_features, final_hidden, stats, generator):
         """``anchors`` with ``training.error_replay`` of them moved to where the drafter's own greedy blocks are
         first rejected (``models/error_replay.py``): a probe forward without gradients, Markov head on its own
         choices, as in decoding."""
-        probe = self.drafter(
-            batch["input_ids"],
-            batch["loss_mask"],
-            batch["document_ids"],
-            batch["position_ids"],
-            context_features,
-            final_hidden,
-            anchors=anchors,
-            markov_prev="own",
-            teacher_stats=stats,
-        )
+        probe = self.draft(batch, context_features, final_hidden, anchors, "own", stats)
         rejections, found = probe_rejections(probe, self.drafter.draft_vocab)
         cfg = self.drafter_config
         return replay_anchors(

@@ -30,13 +30,15 @@ def noisy():
     return cli.model, next(iter(cli.datamodule.train_dataloader()))
 
 
-def captured_features(module, step, batch) -> torch.Tensor:
-    seen = []
+def drafter_calls(module, step, batch) -> list[tuple[tuple, dict, object]]:
+    """Each drafter forward of one step: (its positional arguments, its keyword arguments, its output)."""
+    calls = []
     original = module.drafter.forward
 
     def spy(*args, **kwargs):
-        seen.append(args[4])  # context_features
-        return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        calls.append((args, kwargs, out))
+        return out
 
     module.drafter.forward = spy
     try:
@@ -44,7 +46,11 @@ def captured_features(module, step, batch) -> torch.Tensor:
             step(batch, 0)
     finally:
         del module.drafter.forward
-    return seen[0]
+    return calls
+
+
+def captured_features(module, step, batch) -> torch.Tensor:
+    return drafter_calls(module, step, batch)[0][0][4]  # the context features of the step's one forward
 
 
 def test_feature_noise_is_added_in_training_steps_and_never_in_validation(noisy):
@@ -169,29 +175,10 @@ def draft_opd():
     return cli.model, next(iter(cli.datamodule.train_dataloader()))
 
 
-def drafter_calls(module, step, batch) -> list[tuple[dict, object]]:
-    """Each drafter forward of one step: (its keyword arguments, its output)."""
-    calls = []
-    original = module.drafter.forward
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        calls.append((kwargs, out))
-        return out
-
-    module.drafter.forward = spy
-    try:
-        with torch.no_grad():
-            step(batch, 0)
-    finally:
-        del module.drafter.forward
-    return calls
-
-
 def test_error_replay_moves_anchors_to_where_greedy_verification_first_rejects(draft_opd):
     module, batch = draft_opd
     assert module.training_args.error_replay == 0.5
-    (probe_kwargs, probe), (trained_kwargs, _) = drafter_calls(module, module.training_step, batch)
+    (_, probe_kwargs, probe), (_, trained_kwargs, _) = drafter_calls(module, module.training_step, batch)
     assert probe_kwargs["markov_prev"] == "own"  # the probe drafts as decoding does
     # independently: the target's own next-token argmax from its full forward, the drafter's from the probe logits
     with torch.no_grad():
@@ -221,13 +208,13 @@ def test_error_replay_moves_anchors_to_where_greedy_verification_first_rejects(d
 
 def test_markov_prev_own_feeds_the_drafters_own_choices_in_training_and_the_text_in_validation(draft_opd):
     module, batch = draft_opd
-    _, (kwargs, out) = drafter_calls(module, module.training_step, batch)
+    _, (_, kwargs, out) = drafter_calls(module, module.training_step, batch)
     assert kwargs["markov_prev"] == "own"
     drafted = out.logits.argmax(-1)  # the drafter's choice at each slot (full vocabulary here)
     valid = out.anchors.valid
     assert torch.equal(out.prev_tokens[..., 1:][valid], drafted[..., :-1][valid])
     assert not torch.equal(out.prev_tokens[..., 1:][valid], out.target_tokens[..., :-1][valid])
-    ((kwargs, out),) = drafter_calls(module, module.validation_step, batch)
+    ((_, kwargs, out),) = drafter_calls(module, module.validation_step, batch)
     assert kwargs["markov_prev"] == "teacher"  # validation and test measure teacher-forced acceptance, as before
     assert torch.equal(out.prev_tokens[..., 1:][valid_v := out.anchors.valid], out.target_tokens[..., :-1][valid_v])
 
