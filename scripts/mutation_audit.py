@@ -143,7 +143,7 @@ def readme(results: list[dict]) -> str:
         "",
         "**Question.** For the functions a user's result depends on (the verify rule, acceptance and tau counting,",
         "intervals, losses and weights, the teacher, caches and rollback, export fields, seeds, data selection and",
-        "splits, preflight), does some test fail when a realistic bug is put in? Each bug (off by one, a dropped mask,",
+        "splits, preflight, the draft-induced-state options), does some test fail when a realistic bug is put in? Each bug (off by one, a dropped mask,",
         "a swapped ratio, a `<` / `<=` boundary, a stale key, only the first file) is applied alone to a copy of the",
         "package and the few unit test files that cover it are run (`pytest -x -q -n 0`).",
         "",

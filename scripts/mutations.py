@@ -50,6 +50,7 @@ CACHE_INDEX = ("tests/unit/data/test_cache_index.py",)
 RANKS = ("tests/unit/data/test_splits.py",)
 ANCHORS = ("tests/unit/models/test_anchors.py",)
 PREFLIGHT = ("tests/unit/data/test_preflight.py", "tests/unit/data/test_completion.py")
+REPLAY = ("tests/unit/models/test_error_replay.py", "tests/unit/lightning/test_anchor_options.py")
 
 M = Mutation
 MUTATIONS = [
@@ -227,4 +228,24 @@ MUTATIONS = [
       "only the first file of a split is sampled", PREFLIGHT),
     M("preflight-empty-is-unusable", D + "data/preflight.py", "if good == 0 and reasons]", "if good == 0]",
       "a file with no records counts as unusable (a split of empty and bad files passes)", PREFLIGHT),
+    # draft-induced states (models/error_replay.py, lightning/module.py, lightning/frozen_state.py)
+    M("replay-off-by-one", D + "models/error_replay.py", "positions = predicted.gather(2, first).squeeze(2)",
+      "positions = predicted.gather(2, first).squeeze(2) + 1",
+      "replayed anchors one token after the rejection (a decode anchors at the rejected position itself)", REPLAY),
+    M("replay-scan-runs-past-text", D + "models/error_replay.py", "stop = rejected | ~supervised", "stop = rejected",
+      "a rejection counted past the end of the supervised text (where no decode drafts)", REPLAY),
+    M("replay-row-count-grows", D + "models/error_replay.py",
+      "keep_chosen = (chosen_scores >= 0) & (rank < count)", "keep_chosen = chosen_scores >= 0",
+      "a row with fewer anchors is filled up to the widest row's count (the step's cost changes)", REPLAY),
+    M("replay-probe-reads-text", D + "lightning/module.py",
+      'probe = self.draft(batch, context_features, final_hidden, anchors, "own", stats)',
+      'probe = self.draft(batch, context_features, final_hidden, anchors, "teacher", stats)',
+      "the probe's Markov head reads the text, not its own choices (other rejections than decoding's)", REPLAY),
+    M("markov-prev-option-ignored", D + "lightning/module.py",
+      "anchors, markov_prev = self.training_anchors(batch, generator), self.training_args.markov_prev",
+      'anchors, markov_prev = self.training_anchors(batch, generator), "teacher"',
+      "training.markov_prev: own is ignored (the Markov head trains on the text)", REPLAY),
+    M("init-weights-not-loaded", D + "lightning/frozen_state.py",
+      "self.load_state_dict({key: state[key] for key in needed}, strict=False)", "pass",
+      "training.init_weights is checked but never loaded (the stage starts from scratch)", REPLAY),
 ]  # fmt: skip
