@@ -61,6 +61,24 @@ def final_tf_greedy_tau(fit_log: Path) -> float | None:
     return float(values[-1]) if values else None
 
 
+def stage_start(study_dir: Path, init_weights: str | None) -> dict:
+    """The ``budget.json`` of the run a stage started from (``<run>/step=N.ckpt`` under ``study_dir``), {} if none:
+    a stage's training cost is its own fit plus its start's."""
+    if not init_weights:
+        return {}
+    path = study_dir / Path(init_weights).parent / "budget.json"
+    if not path.exists():
+        raise SystemExit(
+            f"{init_weights}: a stage's start must be in the study ({path} is missing; link its run there)"
+        )
+    return json.loads(path.read_text())
+
+
+def total_fit_seconds(point: dict) -> float:
+    """The fit seconds behind a drafter: its own, plus its start's for a stage."""
+    return point["fit_wall_seconds"] + (point.get("start_fit_seconds") or 0.0)
+
+
 def collect(study_dir: Path, base: str = BASE) -> list[dict]:
     points = []
     for budget_file in sorted(study_dir.glob("*/budget.json")):
@@ -70,13 +88,15 @@ def collect(study_dir: Path, base: str = BASE) -> list[dict]:
         if not decode_json.exists():
             continue
         run_settings = settings(run_dir / f"step={budget['steps']}.ckpt")
+        start = stage_start(study_dir, run_settings["init_weights"])
         for row in json.loads(decode_json.read_text()):
             points.append(dict(
                 run=run_dir.name, steps=budget["steps"], budget_s=budget["budget_s"],
                 probe_seconds_per_step=budget["probe_seconds_per_step"],
                 fit_wall_seconds=budget.get("fit_wall_seconds"), precision=budget.get("precision"),
+                start_fit_seconds=start.get("fit_wall_seconds"), start_steps=start.get("steps"),
                 tf_greedy_tau=final_tf_greedy_tau(study_dir / f"{run_dir.name}.fit.log"),
-                training_tokens=budget["steps"] * run_settings["seq_len"], **run_settings,
+                training_tokens=(budget["steps"] + start.get("steps", 0)) * run_settings["seq_len"], **run_settings,
                 eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
                 max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
                 measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
@@ -145,7 +165,8 @@ def wall_clock_table(rows: list[dict]) -> str:
 def paired_differences(points: list[dict], trend: dict, base_run: str = BASE) -> None:
     """Each non-base point gets ``delta_vs_base`` and its paired interval over the prompts both ran on, and
     ``delta_from_seconds``: what its extra (or missing) fit seconds alone would be worth on the base trend,
-    slope x log10(fit seconds / base fit seconds), the probe's error in turning the budget into steps."""
+    slope x log10(fit seconds / base fit seconds), the probe's error in turning the budget into steps (a stage's
+    seconds include its start's)."""
     base = {p["eval_set"]: p for p in points if p["run"] == base_run}
     for p in points:
         ref = base.get(p["eval_set"])
@@ -158,7 +179,7 @@ def paired_differences(points: list[dict], trend: dict, base_run: str = BASE) ->
         p["delta_vs_base"] = p["measured_tau"] - ref["measured_tau"]
         p["delta_vs_base_ci"] = list(ratio_difference_bootstrap_ci(num_a, den_a, num_b, den_b))
         slope = trend[p["eval_set"]]["slope_per_decade"]
-        p["delta_from_seconds"] = slope * math.log10(p["fit_wall_seconds"] / ref["fit_wall_seconds"])
+        p["delta_from_seconds"] = slope * math.log10(total_fit_seconds(p) / total_fit_seconds(ref))
 
 
 def table(points: list[dict]) -> str:
@@ -175,6 +196,8 @@ def table(points: list[dict]) -> str:
             dlo, dhi = p["delta_vs_base_ci"]
             delta = f"{p['delta_vs_base']:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
         fit_s = f"{p['fit_wall_seconds']:.0f}" if p["fit_wall_seconds"] else "-"
+        if p.get("start_fit_seconds"):  # a stage: its start's seconds, then its own
+            fit_s = f"{p['start_fit_seconds']:.0f} + {fit_s}"
         lines.append(
             f"| {p['run']} | {p['markov_head']} | {p['optimizer']} | {p['feature_noise_std']:g} | {p['draft_vocab']} | {p['block_size']} "
             f"| {p['steps']} | {p['probe_seconds_per_step']:.2f} | {fit_s} | {p['eval_set']} | {p['num_prompts']} "

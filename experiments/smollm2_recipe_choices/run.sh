@@ -13,6 +13,7 @@
 # PRECISION=bf16-mixed trains under bf16 autocast (default: the config's 32-true); DTYPE=bfloat16 decodes and times in
 # bf16 on the default kernels, `generate` in bf16 on the same kernels (default float32 on oneDNN-packed kernels).
 # FIT_ARGS: more `fit` options for every fit of the run, space-separated (e.g. a stage's --model.training.init_weights).
+# STEPS: train this many steps instead of the budget's (a comparison at equal steps; budget.json says fixed_steps).
 # The budget is turned into steps per choice: a 40-step probe (its checkpoints' modification times at steps 10 and 40)
 # gives seconds per step under the load of the moment, steps = BUDGET_S / that, and the choice's fit then runs its own
 # warm-up + cosine schedule to exactly those steps (a schedule that ends where the budget does; a max_time cut would
@@ -69,12 +70,13 @@ import json, os, sys
 probe, budget, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 t10, t40 = (os.stat(f"{probe}/step={s}.ckpt").st_mtime for s in (10, 40))
 per_step = (t40 - t10) / 30
-steps = max(50, int(budget / per_step))
+steps = int(os.environ.get("STEPS") or max(50, int(budget / per_step)))  # STEPS: a fixed count instead of the budget's
 parts = -(-steps // 300)  # checkpoints at most 300 steps apart, the last one at the run's last step
 interval = steps // parts
 json.dump(dict(budget_s=budget, probe_seconds_per_step=per_step, steps=interval * parts, checkpoint_every=interval,
                probe_load_average=" ".join(f"{x:.2f}" for x in os.getloadavg()),
-               precision=os.environ.get("PRECISION") or "the config's (auto)"), open(out, "w"), indent=1)
+               precision=os.environ.get("PRECISION") or "the config's (auto)", fixed_steps=bool(os.environ.get("STEPS"))),
+          open(out, "w"), indent=1)
 PY
     rm -rf "$OUT/probe_$name"
   fi
