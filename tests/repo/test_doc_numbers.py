@@ -1094,6 +1094,11 @@ LEDGER = {
                  lambda: fmt(load_json(TRAINING_STEP)["before"]["tokens_per_second"], ".0f"),
                  lambda: fmt(load_json(TRAINING_STEP)["ratio"], ".2f"))],
     ),
+    "smollm2_draft_opd/": Figures(
+        claims=[("no: {} on sharegpt_heldout and {} on humaneval at the same seconds",
+                 paired_delta("experiments/smollm2_draft_opd/results.json", "combined_stage_opd", "sharegpt_heldout"),
+                 paired_delta("experiments/smollm2_draft_opd/results.json", "combined_stage_opd", "humaneval"))],
+    ),
     "mutation_audit/": Figures(
         claims=[("{} of {} realistic mutations caught", lambda: str(load_json(AUDIT)["caught"]),
                  lambda: str(load_json(AUDIT)["mutations"]))],

@@ -477,6 +477,7 @@ def study_columns() -> dict:
 # ------------------------------------------------------------------------------------- smollm2_recipe_choices/
 CHOICES = "experiments/smollm2_recipe_choices/results.json"
 BF16 = "experiments/smollm2_bf16/results.json"
+OPD = "experiments/smollm2_draft_opd/results.json"
 BF16_STEP = "benchmarks/training/results/train_step_bf16_avx512bf16.csv"
 BF16_STEP_NO_THP = "benchmarks/training/results/train_step_bf16_avx512bf16_thp_none.csv"
 BF16_VERIFY = "benchmarks/precision/results/bf16_smollm2_avx512bf16.json"
@@ -501,6 +502,15 @@ def bf16_value(run: str, eval_set: str, key: str) -> float:
 def step_ratio(path: str, config: str) -> Callable[[], str]:
     """Ours / theirs of one config of a training-step benchmark file."""
     return lambda: fmt(next(r["ratio"] for r in doc.load_csv(path) if r["config"] == config), ".2f")
+
+
+SSFT, SOPD, SOPDS = "combined_stage_sft", "combined_stage_opd", "combined_stage_opd_equal_steps"
+
+
+def opd_value(run: str, key: str) -> float:
+    """An unformatted figure of one run of the Draft-OPD stage study (its sharegpt_heldout row)."""
+    (p,) = [p for p in load_json(OPD)["points"] if (p["run"], p["eval_set"]) == (run, "sharegpt_heldout")]
+    return p[key]
 
 
 def choices_report():
@@ -708,6 +718,10 @@ RENDERED = {
         "table.md": lambda: choices_report().table(load_json(CHOICES)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(CHOICES)["wall_clock"]),
     },
+    "smollm2_draft_opd": {  # the same report script, run by experiments/smollm2_draft_opd/run.sh report
+        "table.md": lambda: choices_report().table(load_json(OPD)["points"]),
+        "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(OPD)["wall_clock"]),
+    },
     "smollm2_bf16": {  # the same report script, run by experiments/smollm2_bf16/run.sh report
         "table.md": lambda: choices_report().table(load_json(BF16)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(BF16)["wall_clock"]),
@@ -777,6 +791,30 @@ PAGES = {
                  "40 warm-up steps", "1,284", "seed 0", "(std 0.05)", "900 s", "40-step", "32 prompts", "64 new tokens",
                  "§7.8", "float32", "16 prompts", "tau near 1.3", "0.0", "slope of 0", "≥ 2.0", "1.0",
                  "0.4×", "10×", "300 steps", "AVX2", "95%"],
+    ),
+    "smollm2_draft_opd": Figures(
+        claims=[
+            ("(+{} per 10× training", lambda: "{:.2f}".format(load_json(
+                "experiments/smollm2_cpu_hour_study/results.json")["extrapolation"]["sharegpt_heldout"]["slope_per_decade"])),
+            ("{}", lambda: doc_machine_line(load_json(OPD)["machine"])),
+            ("probe step took {} s against {} s", choice(SOPD, S, "probe_seconds_per_step", ".2f", OPD),
+             choice(SSFT, S, "probe_seconds_per_step", ".2f", OPD)),
+            ("it trained {} steps against {}", choice(SOPD, S, "steps", ".0f", OPD),
+             lambda: thousands(opd_value(SSFT, "steps"))),
+            ("same seconds**: {} on sharegpt_heldout and\n  {} on humaneval", choice(SOPD, S, path=OPD),
+             choice(SOPD, H, path=OPD)),
+            ("**Nor at the same steps**: {} and {}", choice(SOPDS, S, path=OPD), choice(SOPDS, H, path=OPD)),
+            ("the start is {} and {}\n  from the SFT stage", choice(L16, S, path=OPD), choice(L16, H, path=OPD)),
+            ("for {}% more seconds ({})", lambda: fmt(100 * opd_value(SSFT, "fit_wall_seconds") / opd_value(
+                SSFT, "start_fit_seconds"), ".0f"), choice(L16, S, "delta_from_seconds", "+.3f", OPD)),
+            ("rose from {} to {} in the SFT stage", choice(L16, S, "tf_greedy_tau", ".3f", OPD),
+             choice(SSFT, S, "tf_greedy_tau", ".3f", OPD)),
+            ("(best here {} on sharegpt_heldout, the OPD\nstage, and {} on humaneval, the SFT stage)",
+             choice(SOPD, S, "measured_tau", path=OPD), choice(SSFT, H, "measured_tau", path=OPD)),
+        ],
+        context=["(issue 43)", "arXiv 2605.29343", "3,600 s", "0.05", "B = 8", "128 blocks", "1,024-token", "1,284",
+                 "lr 3e-4", "40 warm-up steps", "10%", "900 s", "40-step", "32 prompts", "64 new tokens", "§7.8",
+                 "bf16", "5 and more", "measured tau 1.5", "≥ 2.0", "10×"],
     ),
     "smollm2_recipe_choices": Figures(
         claims=[
