@@ -743,6 +743,29 @@ def timed(path: str, run: str, eval_set: str, schedule: str, key: str = "speedup
     return value
 
 
+BF16, OPD = "experiments/smollm2_bf16/results.json", "experiments/smollm2_draft_opd/results.json"
+
+
+def measured(path: str, run: str, eval_set: str = "sharegpt_heldout") -> Callable[[], str]:
+    """A run's measured tau with its interval, ``1.494 [1.418, 1.594]``."""
+
+    def value():
+        (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
+        return "{:.3f} [{:.3f}, {:.3f}]".format(p["measured_tau"], *p["measured_tau_ci"])
+
+    return value
+
+
+def paired_delta(path: str, run: str, eval_set: str) -> Callable[[], str]:
+    """A run's paired difference from the base with its interval, ``+0.028 [+0.015, +0.041]``."""
+
+    def value():
+        (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
+        return "{:+.3f} [{:+.3f}, {:+.3f}]".format(p["delta_vs_base"], *p["delta_vs_base_ci"])
+
+    return value
+
+
 PROSE = {
     "The best drafter measured so far": Figures(  # README's headline, above its table
         claims=[
@@ -762,6 +785,20 @@ PROSE = {
              timed("experiments/smollm2_bf16/results.json", "combined_bf16_long", "humaneval", "cost model")),
         ],
         context=["AVX2", "AVX512-BF16", "bf16"],
+    ),
+    "**Recipe choices, bf16 and a stage on draft-induced states**": Figures(
+        claims=[
+            ("only feature noise helped: {}\non sharegpt_heldout", paired_delta("experiments/smollm2_recipe_choices/results.json", "feature_noise", "sharegpt_heldout")),
+            ("the vanilla\ndrafter runs at {} of bf16 `generate` on the same kernels on sharegpt_heldout and {} on "
+             "humaneval", timed(BF16, "combined_bf16_long", "sharegpt_heldout", "cost model"),
+             timed(BF16, "combined_bf16_long", "humaneval", "cost model")),
+            ("trained as long, measures {} against the vanilla one's {}", measured(BF16, "combined_gated_bf16_long"),
+             measured(BF16, "combined_bf16_long")),
+            ("the same stage on the text: {} on sharegpt_heldout and {} on humaneval",
+             paired_delta(OPD, "combined_stage_opd", "sharegpt_heldout"),
+             paired_delta(OPD, "combined_stage_opd", "humaneval")),
+        ],
+        context=["32 prompts", "bf16", "tau stays near 1.5", "2.0"],
     ),
     "**Gemma 3 270M, a base model**": Figures(
         claims=[
@@ -1014,16 +1051,6 @@ def loss_tau(path: str, label: str) -> Callable[[], str]:
     return value
 
 
-def paired_delta(path: str, run: str, eval_set: str) -> Callable[[], str]:
-    """A run's paired difference from the base with its interval, ``+0.028 [+0.015, +0.041]``."""
-
-    def value():
-        (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
-        return "{:+.3f} [{:+.3f}, {:+.3f}]".format(p["delta_vs_base"], *p["delta_vs_base_ci"])
-
-    return value
-
-
 def gemma_step(variant: str) -> Callable[[], str]:
     return lambda: fmt(load_json("experiments/gemma3_training_step/results/gemma_step.json")[variant]["tokens_per_second"], ".0f")
 
@@ -1073,7 +1100,7 @@ LEDGER = {
         ],
     ),
     "smollm2_recipe_choices/": Figures(
-        claims=[("feature noise {} on sharegpt_heldout", paired_delta(CHOICES, "feature_noise", "sharegpt_heldout"))],
+        claims=[("feature noise {} on sharegpt_heldout", paired_delta("experiments/smollm2_recipe_choices/results.json", "feature_noise", "sharegpt_heldout"))],
         context=["block 16"],
     ),
     "smollm2_bf16/": Figures(
