@@ -175,9 +175,24 @@ def draft_opd():
     return cli.model, next(iter(cli.datamodule.train_dataloader()))
 
 
-def test_error_replay_moves_anchors_to_where_greedy_verification_first_rejects(draft_opd):
-    module, batch = draft_opd
+@pytest.fixture(scope="module")
+def draft_opd_dflash():
+    """The same stage in the DFlash convention (slot 0 is the anchor's own token, never drafted)."""
+    cli = cli_main(
+        ["--config", QUICKSTART, "--config", str(ROOT / "configs/anchors/draft_opd.yaml"), "--trainer.logger=false",
+         "--trainer.callbacks=[]", "--data.seq_len=128", "--data.batch_size=1", "--model.drafter.sample_from_anchor=false"],
+        run=False,
+    )  # fmt: skip
+    cli.model.configure_model()
+    cli.datamodule.setup("fit")
+    return cli.model, next(iter(cli.datamodule.train_dataloader()))
+
+
+@pytest.mark.parametrize("stage", ["draft_opd", "draft_opd_dflash"])
+def test_error_replay_moves_anchors_to_where_greedy_verification_first_rejects(stage, request):
+    module, batch = request.getfixturevalue(stage)
     assert module.training_args.error_replay == 0.5
+    first_slot = 0 if module.drafter_config.sample_from_anchor else 1  # DFlash: slot k predicts p + k, from k = 1
     (_, probe_kwargs, probe), (_, trained_kwargs, _) = drafter_calls(module, module.training_step, batch)
     assert probe_kwargs["markov_prev"] == "own"  # the probe drafts as decoding does
     # independently: the target's own next-token argmax from its full forward, the drafter's from the probe logits
@@ -192,8 +207,8 @@ def test_error_replay_moves_anchors_to_where_greedy_verification_first_rejects(d
             if not sampled.valid[row, a]:
                 continue
             p = int(sampled.positions[row, a])
-            for slot in range(B):  # sample_from_anchor: slot k predicts p + 1 + k
-                q = p + 1 + slot
+            for slot in range(first_slot, B):  # slot k predicts p + 1 + k (DSpark) or p + k (DFlash)
+                q = p + slot + (1 - first_slot)
                 if q >= S or not batch["loss_mask"][row, q]:
                     break
                 if int(drafted[row, a, slot]) != int(target_next[row, q - 1]):
