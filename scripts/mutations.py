@@ -250,6 +250,6 @@ MUTATIONS = [
       'anchors, markov_prev = self.training_anchors(batch, generator), "teacher"',
       "training.markov_prev: own is ignored (the Markov head trains on the text)", REPLAY),
     M("init-weights-not-loaded", D + "lightning/frozen_state.py",
-      "self.load_state_dict({key: state[key] for key in needed}, strict=False)", "pass",
+      "self.load_state_dict(trainable, strict=False)", "pass",
       "training.init_weights is checked but never loaded (the stage starts from scratch)", REPLAY),
 ]  # fmt: skip

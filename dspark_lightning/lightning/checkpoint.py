@@ -61,13 +61,10 @@ def load_checkpoint_module(
             drafter["draft_vocab"] = str(Path(tmp) / "draft_vocab.safetensors")  # the file moved: use the ckpt's d2t
             save_file({"d2t": state["drafter.draft_vocab.d2t"].contiguous()}, drafter["draft_vocab"])
         module = DSparkModule(**hparams)
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    needed = set(module.state_dict()) - module.frozen_state_keys()
-    if unexpected or needed & set(missing):
-        raise OptionError(
-            f"{where} does not match the drafter its hyper-parameters describe: "
-            f"missing {sorted(needed & set(missing))[:8]}, unexpected {sorted(unexpected)[:8]}"
-        )
+    mismatch = module.trainable_state_mismatch(state)
+    if mismatch:
+        raise OptionError(f"{where} does not match the drafter its hyper-parameters describe: {mismatch}")
+    module.load_state_dict(state, strict=False)
     return module.eval()
 
 

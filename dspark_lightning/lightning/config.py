@@ -22,6 +22,7 @@ from dspark_lightning.losses import (
 )
 from dspark_lightning.models import DrafterConfig, MarkovHeadConfig
 from dspark_lightning.models.anchors import ANCHOR_BUDGETS
+from dspark_lightning.models.drafter import MARKOV_PREV
 from dspark_lightning.selector.training import CANDIDATE_LOSS_RULES
 
 TARGET_FEATURES = ("online", "cache")
@@ -122,7 +123,7 @@ class TrainingArgs:
 
     def __post_init__(self) -> None:
         _check_choice("training", "anchor_budget", self.anchor_budget, ANCHOR_BUDGETS)
-        _check_choice("training", "markov_prev", self.markov_prev, ("teacher", "own"))
+        _check_choice("training", "markov_prev", self.markov_prev, MARKOV_PREV)
         if not 0 <= self.error_replay <= 1:
             raise OptionError(f"model.training.error_replay must be a share in [0, 1], got {self.error_replay!r}")
         if not 0 <= self.feature_noise_std < float("inf"):

@@ -42,6 +42,18 @@ class TrainableStateCheckpoints:
         for key in frozen:  # the target's tensors, already loaded from model.target: not "missing" from the checkpoint
             checkpoint["state_dict"].setdefault(key, state[key])
 
+    def trainable_state_mismatch(self, state: dict) -> str:
+        """What keeps ``state`` from being this module's trainable state ("" when nothing does): trainable tensors it
+        lacks, tensors this module has not, and tensors of another shape (the first few of each)."""
+        own = self.state_dict()
+        needed = set(own) - self.frozen_state_keys()
+        differences = (
+            ("missing", sorted(needed - set(state))),
+            ("unexpected", sorted(set(state) - set(own))),
+            ("other shapes", sorted(k for k in needed & set(state) if tuple(state[k].shape) != tuple(own[k].shape))),
+        )
+        return ", ".join(f"{name} {keys[:8]}" for name, keys in differences if keys)
+
     def load_initial_weights(self, path: str | os.PathLike) -> None:
         """Start from the trainable tensors of the ``fit`` checkpoint ``path`` (``training.init_weights``: a new stage
         with its own optimizer and schedule). Every trainable tensor must be there with this module's shape."""
@@ -50,15 +62,12 @@ class TrainableStateCheckpoints:
         if not isinstance(state, dict):
             raise OptionError(f"{option} {str(path)!r} has no state_dict (expected a checkpoint written by fit)")
         check_finite_state(state, f"{option} {path}")
-        own = self.state_dict()
-        needed = set(own) - self.frozen_state_keys()
-        missing = sorted(needed - set(state))
-        unexpected = sorted(set(state) - set(own))
-        reshaped = sorted(k for k in needed & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
-        if missing or unexpected or reshaped:
+        mismatch = self.trainable_state_mismatch(state)
+        if mismatch:
             raise OptionError(
                 f"{option} {str(path)!r} does not hold this drafter's tensors (set the drafter options it was trained "
-                f"with): missing {missing[:4]}, unexpected {unexpected[:4]}, other shapes {reshaped[:4]}"
+                f"with): {mismatch}"
             )
-        self.load_state_dict({key: state[key] for key in needed}, strict=False)
-        log.info("starting from the drafter weights of %s (%d tensors)", path, len(needed))
+        trainable = {key: value for key, value in state.items() if key not in self.frozen_state_keys()}
+        self.load_state_dict(trainable, strict=False)  # never the frozen target's tensors, whatever the file holds
+        log.info("starting from the drafter weights of %s (%d tensors)", path, len(trainable))
