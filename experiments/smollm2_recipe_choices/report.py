@@ -30,6 +30,12 @@ TREND = "experiments/smollm2_cpu_hour_study/results.json"
 TARGET_TAU = 2.0  # issue 43's measured-tau target on both evaluation sets
 
 
+def train_data(train_cache: str | list[str] | None) -> list[str]:
+    """The feature caches a run trained on, by folder (``cache/<name>/train`` -> ``<name>``); [] for raw text."""
+    caches = [train_cache] if isinstance(train_cache, str) else list(train_cache or [])
+    return [Path(str(c)).parent.name for c in caches]
+
+
 def settings(ckpt: Path) -> dict:
     """What the run trained with, from the checkpoint's saved hyper-parameters and optimizer state."""
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
@@ -47,6 +53,8 @@ def settings(ckpt: Path) -> dict:
         optimizer="MuonAdamW" if "inner" in optimizer else "AdamW",
         lr=[g.get("initial_lr", g["lr"]) for g in groups], feature_noise_std=training.get("feature_noise_std", 0.0),
         seq_len=state["datamodule_hyper_parameters"]["seq_len"],
+        # the feature caches it trained on, by folder (cache/<name>/train), e.g. greedy or sampled replies
+        train_data=train_data(state["datamodule_hyper_parameters"].get("train_cache")),
         # a stage (experiments/smollm2_draft_opd): the run it started from, and the draft-induced-state options
         init_weights=training.get("init_weights") and "/".join(Path(training["init_weights"]).parts[-2:]),
         error_replay=training.get("error_replay", 0.0), markov_prev=training.get("markov_prev", "teacher"),

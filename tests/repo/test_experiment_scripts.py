@@ -1,5 +1,6 @@
 """The experiments' ``run.sh`` scripts: each parses, and refuses an unknown stage with a line naming it (exit 2)
-before running anything; the Draft-OPD stages refuse a missing start checkpoint the same way."""
+before running anything; the Draft-OPD stages refuse a missing start checkpoint, and the sampled-regeneration runs
+a missing greedy run, the same way."""
 
 from __future__ import annotations
 
@@ -27,3 +28,9 @@ def test_draft_opd_stage_refuses_a_missing_start(tmp_path):
     env = dict(os.environ, FROM=str(tmp_path / "missing.ckpt"), STUDY_OUT=str(tmp_path / "study"))
     refused = run("experiments/smollm2_draft_opd/run.sh", "train", "opd", env=env)
     assert refused.returncode == 2 and "missing.ckpt does not exist" in refused.stderr, refused.stderr
+
+
+def test_sampled_regeneration_runs_refuse_a_missing_greedy_run(tmp_path):
+    env = dict(os.environ, GREEDY=str(tmp_path / "greedy"), STUDY_OUT=str(tmp_path / "study"))
+    refused = run("experiments/smollm2_sampled_regen/run.sh", "train", "sampled", env=env)
+    assert refused.returncode == 2 and "greedy/budget.json does not exist" in refused.stderr, refused.stderr
