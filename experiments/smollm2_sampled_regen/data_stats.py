@@ -70,7 +70,9 @@ def main() -> None:
     greedy, sampled = replies(args.greedy), replies(args.sampled)
     missing = sorted(set(sampled) - set(greedy))
     if missing:
-        raise SystemExit(f"{args.sampled}: {len(missing)} sampled conversations have no greedy reply, e.g. {missing[0]}")
+        raise SystemExit(
+            f"{args.sampled}: {len(missing)} sampled conversations have no greedy reply, e.g. {missing[0]}"
+        )
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     greedy_tokens = {i: encode(greedy[i]) for i in sampled}  # the same conversations, in the sampled file's order
     sampled_tokens = {i: encode(t) for i, t in sampled.items()}
