@@ -170,16 +170,24 @@ def wall_clock_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paired_differences(points: list[dict], trend: dict, base_run: str = BASE) -> None:
+def paired_differences(points: list[dict], trend: dict, base_run: str = BASE, pairs: dict | None = None) -> None:
     """Each non-base point gets ``delta_vs_base`` and its paired interval over the prompts both ran on, and
     ``delta_from_seconds``: what its extra (or missing) fit seconds alone would be worth on the base trend,
     slope x log10(fit seconds / base fit seconds), the probe's error in turning the budget into steps (a stage's
-    seconds include its start's)."""
-    base = {p["eval_set"]: p for p in points if p["run"] == base_run}
+    seconds include its start's). ``pairs`` maps a run to its own base (``paired_with``), e.g. a longer run to the
+    base's run of the same length; a base named there must be in the study."""
+    pairs = pairs or {}
+    missing = sorted(set(pairs.values()) - {p["run"] for p in points})
+    if missing:
+        raise SystemExit(f"--pair: no measured run {missing[0]} in the study")
+    by_run = {(p["run"], p["eval_set"]): p for p in points}
     for p in points:
-        ref = base.get(p["eval_set"])
-        if p["run"] == base_run or ref is None:
+        own_base = pairs.get(p["run"], base_run)
+        ref = by_run.get((own_base, p["eval_set"]))
+        if p["run"] == base_run or p["run"] in pairs.values() or ref is None:
             continue
+        if own_base != base_run:
+            p["paired_with"] = own_base
         if len(ref["prompt_counts"]) != len(p["prompt_counts"]):  # pairing needs the same prompts, in order
             raise SystemExit(f"{p['run']} / {p['eval_set']}: {len(p['prompt_counts'])} prompts, base has "
                              f"{len(ref['prompt_counts'])}; measure both with the same PROMPTS")  # fmt: skip
@@ -203,6 +211,8 @@ def table(points: list[dict]) -> str:
         if "delta_vs_base" in p:
             dlo, dhi = p["delta_vs_base_ci"]
             delta = f"{p['delta_vs_base']:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+            if p.get("paired_with"):  # --pair: against its own base, named
+                delta += f" vs {p['paired_with']}"
         fit_s = f"{p['fit_wall_seconds']:.0f}" if p["fit_wall_seconds"] else "-"
         if p.get("start_fit_seconds"):  # a stage: its start's seconds, then its own
             fit_s = f"{p['start_fit_seconds']:.0f} + {fit_s}"
@@ -242,11 +252,16 @@ def main() -> None:
     parser.add_argument("--study_dir", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--base", default=BASE, help="the run the others are paired with (default: base)")
+    parser.add_argument("--pair", action="append", default=[], metavar="RUN=BASE",
+                        help="pair RUN with BASE instead of --base (repeatable); BASE is then no one's pair")  # fmt: skip
     args = parser.parse_args()
+    pairs = dict(item.split("=", 1) for item in args.pair if "=" in item)
+    if len(pairs) != len(args.pair):
+        raise SystemExit(f"--pair {args.pair}: expected RUN=BASE")
     points = collect(Path(args.study_dir), args.base)
     if not points:
         raise SystemExit(f"no <run>/budget.json with its step=N.decode.json under {args.study_dir}")
-    paired_differences(points, json.loads(Path(TREND).read_text())["extrapolation"], args.base)
+    paired_differences(points, json.loads(Path(TREND).read_text())["extrapolation"], args.base, pairs)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     machines = {json.dumps(p["machine"], sort_keys=True) for p in points if p["machine"]}

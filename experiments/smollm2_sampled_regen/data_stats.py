@@ -1,5 +1,6 @@
 """What sampling changed in the training replies: length, the share cut at the 160-token cap, repetition (distinct
-4-grams per reply) and agreement with the greedy reply of the same conversation, in the target's own tokens.
+4-grams per reply) and agreement with the greedy reply of the same conversation, in the target's own tokens; into
+``data_stats.json`` and the table ``data_stats.md`` beside it.
 
     python experiments/smollm2_sampled_regen/data_stats.py --target targets/smollm2-135m-instruct \
         --greedy assets/smollm2/regenerated-951/train-00000.jsonl assets/smollm2/regenerated-more/train-00000.jsonl \
@@ -59,6 +60,18 @@ def summary(tokens: dict[str, list[int]]) -> dict:
     )  # fmt: skip
 
 
+def table(result: dict) -> str:
+    """The greedy and sampled summaries side by side (data_stats.md, quoted by the experiment's README)."""
+    g, s = result["greedy"], result["sampled"]
+    rows = [
+        ("mean reply tokens", lambda x: f"{x['mean_reply_tokens']:.1f}"),
+        (f"replies cut at {MAX_NEW_TOKENS} tokens", lambda x: f"{100 * x['share_at_token_cap']:.1f}%"),
+        ("distinct 4-grams per reply (mean share)", lambda x: f"{x['mean_distinct_4gram_share']:.3f}"),
+    ]
+    lines = ["| | greedy | sampled |", "|---|---:|---:|", *(f"| {name} | {f(g)} | {f(s)} |" for name, f in rows)]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="the target whose tokenizer counts the tokens")
@@ -88,7 +101,8 @@ def main() -> None:
         files=dict(greedy=args.greedy, sampled=args.sampled), tokenizer=args.target,
     )  # fmt: skip
     Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    Path(args.output).with_suffix(".md").write_text(table(result))
+    print(table(result))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@
 #   bash experiments/smollm2_sampled_regen/run.sh regenerate   # continue data/smollm2_sampled (from the shipped records)
 #   bash experiments/smollm2_sampled_regen/run.sh cache        # cache/smollm2_sampled/train from the shipped 1,284
 #   bash experiments/smollm2_sampled_regen/run.sh train sampled|mixed   # mixed: greedy and sampled replies together
+#   bash experiments/smollm2_sampled_regen/run.sh train mixed_long      # mixed for the greedy hour's steps (GREEDY_LONG)
 #   bash experiments/smollm2_sampled_regen/run.sh measure NAME # measured tau, 32 prompts per set, bf16
 #   bash experiments/smollm2_sampled_regen/run.sh time NAME    # against bf16 generate, 16 prompts per set
 #   bash experiments/smollm2_sampled_regen/run.sh report       # data_stats.json, results.json / .csv / tables here
-# NAME: combined_bf16_sampled | combined_bf16_mixed. GREEDY: the greedy run (default study/smollm2_bf16/combined_bf16,
+# NAME: combined_bf16_sampled | combined_bf16_mixed | combined_bf16_mixed_long. GREEDY: the greedy run (default study/smollm2_bf16/combined_bf16,
 # `bash experiments/smollm2_bf16/run.sh train bf16`, then `measure combined_bf16` there). The stages, the budget probe
 # and resuming are experiments/smollm2_recipe_choices/run.sh's. One torch thread per stage.
 set -euo pipefail
@@ -23,9 +24,10 @@ CACHE=cache/smollm2_sampled/train
 GREEDY_CACHES="cache/smollm2_951/train,cache/smollm2_952_1284/train"
 export STUDY_OUT=${STUDY_OUT:-study/smollm2_sampled_regen} DTYPE=bfloat16 PRECISION=bf16-mixed BUDGET_S=900
 export TIME_PROMPTS=${TIME_PROMPTS:-16} PROMPTS=${PROMPTS:-32} COMBINED="feature_noise vanilla"
-greedy_steps() {
-  [ -f "$GREEDY/budget.json" ] || { echo "GREEDY $GREEDY/budget.json does not exist: train it first (experiments/smollm2_bf16/run.sh train bf16)" >&2; exit 2; }
-  python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$GREEDY/budget.json"
+GREEDY_LONG=${GREEDY_LONG:-study/smollm2_bf16/combined_bf16_long}   # the greedy hour (`train long_bf16` there)
+greedy_steps() {  # greedy_steps RUN: the step count of a greedy run, which its sampled counterpart trains for
+  [ -f "$1/budget.json" ] || { echo "$1/budget.json does not exist: train it first (experiments/smollm2_bf16/run.sh)" >&2; exit 2; }
+  python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$1/budget.json"
 }
 case "${1:?stage: regenerate | cache | train sampled|mixed | measure NAME | time NAME | report}" in
   regenerate)  # the settings of every regeneration in assets/smollm2/README.md, sampled; resumes what exists
@@ -38,21 +40,25 @@ case "${1:?stage: regenerate | cache | train sampled|mixed | measure NAME | time
     [ -f "$CACHE/index.json" ] || OMP_NUM_THREADS=${THREADS:-1} $B cache --target targets/smollm2-135m-instruct \
       --data "$SAMPLED/train-*.jsonl" --output "$CACHE" --seq_len 1024 --batch_size 1 --layers '[1,14,27]' ;;
   train)
-    steps=$(greedy_steps)
-    case "${2:?train sampled|mixed}" in
-      sampled) STEPS=$steps DATA="[$CACHE]" bash $STUDY train combined_bf16_sampled ;;
-      mixed) STEPS=$steps DATA="[$GREEDY_CACHES,$CACHE]" bash $STUDY train combined_bf16_mixed ;;
-      *) echo "unknown run $2 (sampled | mixed)" >&2; exit 2 ;;
+    case "${2:?train sampled|mixed|mixed_long}" in
+      sampled) steps=$(greedy_steps "$GREEDY"); STEPS=$steps DATA="[$CACHE]" bash $STUDY train combined_bf16_sampled ;;
+      mixed) steps=$(greedy_steps "$GREEDY"); STEPS=$steps DATA="[$GREEDY_CACHES,$CACHE]" bash $STUDY train combined_bf16_mixed ;;
+      # both replies for the greedy hour's steps (half as many passes over each conversation), paired with that hour
+      mixed_long) steps=$(greedy_steps "$GREEDY_LONG"); STEPS=$steps BUDGET_S=3600 DATA="[$GREEDY_CACHES,$CACHE]" \
+        bash $STUDY train combined_bf16_mixed_long ;;
+      *) echo "unknown run $2 (sampled | mixed | mixed_long)" >&2; exit 2 ;;
     esac ;;
   measure|time) bash $STUDY "$1" "${2:?$1 NAME}" ;;
   report)  # the greedy run joins the study (linked, measured on the same prompts) as the base of every pairing
     mkdir -p "$STUDY_OUT"
-    ln -sfn "$(realpath "$GREEDY")" "$STUDY_OUT/$(basename "$GREEDY")"
-    [ ! -f "$GREEDY.fit.log" ] || ln -sf "$(realpath "$GREEDY.fit.log")" "$STUDY_OUT/$(basename "$GREEDY").fit.log"
+    for run in "$GREEDY" "$GREEDY_LONG"; do
+      ln -sfn "$(realpath "$run")" "$STUDY_OUT/$(basename "$run")"
+      [ ! -f "$run.fit.log" ] || ln -sf "$(realpath "$run.fit.log")" "$STUDY_OUT/$(basename "$run").fit.log"
+    done
     python experiments/smollm2_sampled_regen/data_stats.py --target targets/smollm2-135m-instruct \
       --greedy assets/smollm2/regenerated-951/train-00000.jsonl assets/smollm2/regenerated-more/train-00000.jsonl \
       --sampled "$SAMPLED"/train-*.jsonl --output experiments/smollm2_sampled_regen/data_stats.json
     python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --output experiments/smollm2_sampled_regen \
-      --base "$(basename "$GREEDY")" ;;
+      --base "$(basename "$GREEDY")" --pair "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac

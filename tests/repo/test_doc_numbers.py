@@ -744,6 +744,7 @@ def timed(path: str, run: str, eval_set: str, schedule: str, key: str = "speedup
 
 
 BF16, OPD = "experiments/smollm2_bf16/results.json", "experiments/smollm2_draft_opd/results.json"
+SAMPLED = "experiments/smollm2_sampled_regen/results.json"
 
 
 def measured(path: str, run: str, eval_set: str = "sharegpt_heldout") -> Callable[[], str]:
@@ -797,6 +798,9 @@ PROSE = {
             ("the same stage on the text: {} on sharegpt_heldout and {} on humaneval",
              paired_delta(OPD, "combined_stage_opd", "sharegpt_heldout"),
              paired_delta(OPD, "combined_stage_opd", "humaneval")),
+            ("same steps: {} on sharegpt_heldout and {} on humaneval",
+             paired_delta(SAMPLED, "combined_bf16_sampled", "sharegpt_heldout"),
+             paired_delta(SAMPLED, "combined_bf16_sampled", "humaneval")),
         ],
         context=["32 prompts", "bf16", "tau stays near 1.5", "2.0"],
     ),
@@ -1125,6 +1129,12 @@ LEDGER = {
         claims=[("no: {} on sharegpt_heldout and {} on humaneval at the same seconds",
                  paired_delta("experiments/smollm2_draft_opd/results.json", "combined_stage_opd", "sharegpt_heldout"),
                  paired_delta("experiments/smollm2_draft_opd/results.json", "combined_stage_opd", "humaneval"))],
+    ),
+    "smollm2_sampled_regen/": Figures(
+        claims=[("no: sampled alone {} on sharegpt_heldout and {} on humaneval; mixed with the greedy replies {}",
+                 paired_delta(SAMPLED, "combined_bf16_sampled", "sharegpt_heldout"),
+                 paired_delta(SAMPLED, "combined_bf16_sampled", "humaneval"),
+                 paired_delta(SAMPLED, "combined_bf16_mixed", "sharegpt_heldout"))],
     ),
     "mutation_audit/": Figures(
         claims=[("{} of {} realistic mutations caught", lambda: str(load_json(AUDIT)["caught"]),

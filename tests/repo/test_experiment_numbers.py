@@ -478,6 +478,8 @@ def study_columns() -> dict:
 CHOICES = "experiments/smollm2_recipe_choices/results.json"
 BF16 = "experiments/smollm2_bf16/results.json"
 OPD = "experiments/smollm2_draft_opd/results.json"
+SAMPLED = "experiments/smollm2_sampled_regen/results.json"
+SAMPLED_DATA = "experiments/smollm2_sampled_regen/data_stats.json"
 BF16_STEP = "benchmarks/training/results/train_step_bf16_avx512bf16.csv"
 BF16_STEP_NO_THP = "benchmarks/training/results/train_step_bf16_avx512bf16_thp_none.csv"
 BF16_VERIFY = "benchmarks/precision/results/bf16_smollm2_avx512bf16.json"
@@ -505,12 +507,26 @@ def step_ratio(path: str, config: str) -> Callable[[], str]:
 
 
 SSFT, SOPD, SOPDS = "combined_stage_sft", "combined_stage_opd", "combined_stage_opd_equal_steps"
+SAM, MIX, MIXL = "combined_bf16_sampled", "combined_bf16_mixed", "combined_bf16_mixed_long"
 
 
 def opd_value(run: str, key: str) -> float:
     """An unformatted figure of one run of the Draft-OPD stage study (its sharegpt_heldout row)."""
     (p,) = [p for p in load_json(OPD)["points"] if (p["run"], p["eval_set"]) == (run, "sharegpt_heldout")]
     return p[key]
+
+
+def sampled_data(group: str, key: str, spec: str, scale: float = 1.0) -> Callable[[], str]:
+    """A figure of the sampled-regeneration data statistics (``data_stats.json``): greedy, sampled or paired."""
+    return lambda: fmt(scale * load_json(SAMPLED_DATA)[group][key], spec)
+
+
+def data_stats_script():
+    path = ROOT / "experiments/smollm2_sampled_regen/data_stats.py"
+    spec = importlib.util.spec_from_file_location("sampled_data_stats", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
 
 
 def choices_report():
@@ -722,6 +738,11 @@ RENDERED = {
         "table.md": lambda: choices_report().table(load_json(OPD)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(OPD)["wall_clock"]),
     },
+    "smollm2_sampled_regen": {  # data_stats.py's table, then the same report script (run.sh report runs both)
+        "data_stats.md": lambda: data_stats_script().table(load_json(SAMPLED_DATA)),
+        "table.md": lambda: choices_report().table(load_json(SAMPLED)["points"]),
+        "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(SAMPLED)["wall_clock"]),
+    },
     "smollm2_bf16": {  # the same report script, run by experiments/smollm2_bf16/run.sh report
         "table.md": lambda: choices_report().table(load_json(BF16)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(BF16)["wall_clock"]),
@@ -791,6 +812,22 @@ PAGES = {
                  "40 warm-up steps", "1,284", "seed 0", "(std 0.05)", "900 s", "40-step", "32 prompts", "64 new tokens",
                  "§7.8", "float32", "16 prompts", "tau near 1.3", "0.0", "slope of 0", "≥ 2.0", "1.0",
                  "0.4×", "10×", "300 steps", "AVX2", "95%"],
+    ),
+    "smollm2_sampled_regen": Figures(
+        claims=[
+            ("{}", lambda: doc_machine_line(load_json(SAMPLED)["machine"])),
+            ("Only {}% of the sampled replies equal the greedy reply; the median reply leaves the greedy path after\n{} token",
+             sampled_data("paired", "share_identical", ".1f", 100), sampled_data("paired", "median_common_prefix_tokens", ".0f")),
+            ("Trained for its\n{} steps", lambda: thousands(load_json(SAMPLED)["points"][0]["steps"])),
+            ("cost on code**: {} on sharegpt_heldout and {} on humaneval", choice(SAM, S, path=SAMPLED),
+             choice(SAM, H, path=SAMPLED)),
+            ("no clear gain**: {} and {}", choice(MIX, S, path=SAMPLED), choice(MIX, H, path=SAMPLED)),
+            ("same: {} sampled, {} greedy, {} mixed", choice(SAM, S, "tf_greedy_tau", ".3f", SAMPLED),
+             choice(B16, S, "tf_greedy_tau", ".3f", SAMPLED), choice(MIX, S, "tf_greedy_tau", ".3f", SAMPLED)),
+        ],
+        context=["(issue 43)", "0.7", "0.8", "top-k 20", "top_k 20", "seed 0", "1,284", "160 new tokens", "384 tokens",
+                 "900-s", "0.05", "B = 8", "128 blocks", "1,024-token", "lr 1e-3", "40 warm-up steps", "2,568", "32 prompts",
+                 "64 new tokens", "§7.8", "bf16", "≥ 2.0", "1.0", "300 steps"],
     ),
     "smollm2_draft_opd": Figures(
         claims=[
