@@ -4,6 +4,7 @@ a missing greedy run, the same way."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 
@@ -34,3 +35,31 @@ def test_sampled_regeneration_runs_refuse_a_missing_greedy_run(tmp_path):
     env = dict(os.environ, GREEDY=str(tmp_path / "greedy"), STUDY_OUT=str(tmp_path / "study"))
     refused = run("experiments/smollm2_sampled_regen/run.sh", "train", "sampled", env=env)
     assert refused.returncode == 2 and "greedy/budget.json does not exist" in refused.stderr, refused.stderr
+
+
+def test_recipe_report_pairs_a_run_with_its_own_base():
+    """``report.py --pair RUN=BASE``: RUN's difference is against BASE on the same prompts (the page names BASE); the
+    rest stay paired with --base, and BASE itself gets no difference."""
+    spec = importlib.util.spec_from_file_location("report", ROOT / "experiments/smollm2_recipe_choices/report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    def point(run, counts):  # counts: (emitted tokens, target forwards) per prompt
+        emitted, forwards = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        return dict(run=run, eval_set="sharegpt_heldout", prompt_counts=counts, measured_tau=emitted / forwards,
+                    fit_wall_seconds=100.0)  # fmt: skip
+
+    points = [point("short", [[10, 8], [12, 8]]), point("long", [[14, 8], [16, 8]]), point("other", [[11, 8], [13, 8]]),
+              point("other_long", [[18, 8], [20, 8]])]  # fmt: skip
+    trend = {"sharegpt_heldout": {"slope_per_decade": 0.17}}
+    report.paired_differences(points, trend, "short", {"other_long": "long"})
+    by_run = {p["run"]: p for p in points}
+    assert by_run["other"]["delta_vs_base"] == pytest.approx(24 / 16 - 22 / 16)
+    assert by_run["other_long"]["delta_vs_base"] == pytest.approx(38 / 16 - 30 / 16)
+    assert by_run["other_long"]["paired_with"] == "long" and "paired_with" not in by_run["other"]
+    assert "delta_vs_base" not in by_run["long"] and "delta_vs_base" not in by_run["short"]
+    assert "vs long |" in report.table([{**p, "markov_head": "vanilla", "optimizer": "AdamW", "feature_noise_std": 0.0,
+        "draft_vocab": "full", "block_size": 8, "steps": 1, "probe_seconds_per_step": 1.0, "num_prompts": 2,
+        "measured_tau_ci": [1.0, 2.0], "tf_greedy_tau": None} for p in points])  # fmt: skip
+    with pytest.raises(SystemExit, match="no measured run missing"):
+        report.paired_differences(points, trend, "short", {"other": "missing"})
