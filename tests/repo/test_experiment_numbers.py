@@ -521,20 +521,20 @@ def sampled_data(group: str, key: str, spec: str, scale: float = 1.0) -> Callabl
     return lambda: fmt(scale * load_json(SAMPLED_DATA)[group][key], spec)
 
 
-def data_stats_script():
-    path = ROOT / "experiments/smollm2_sampled_regen/data_stats.py"
-    spec = importlib.util.spec_from_file_location("sampled_data_stats", path)
+def experiment_script(path: str):
+    """An experiment's script (not a package module), imported from its file."""
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_").removesuffix(".py"), ROOT / path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
+
+
+def data_stats_script():
+    return experiment_script("experiments/smollm2_sampled_regen/data_stats.py")
 
 
 def choices_report():
-    path = ROOT / "experiments/smollm2_recipe_choices/report.py"
-    spec = importlib.util.spec_from_file_location("recipe_choices_report", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return experiment_script("experiments/smollm2_recipe_choices/report.py")
 
 
 S, H = "sharegpt_heldout", "humaneval"
