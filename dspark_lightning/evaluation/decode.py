@@ -84,7 +84,7 @@ def decode_command(
         heldout_split_by_id: keep only the conversations this id split assigns to validation, e.g.
             {validation: 0.02, test: 0.02} (default: the checkpoint's data.split_by_id)
         json: also write the rows to this JSON file, rewritten as each row finishes (a stopped decode keeps them);
-            each row names the machine (CPU model, flags, threads, torch) and dtype it was measured in
+            each row names the machine (CPU model, flags, threads, torch), dtype and temperature it was measured in
         check_identity: replay each greedy decode through the training forward (same anchors, own previous tokens):
             blocks and tau must agree on every prompt, else exit non-zero; with gap_table also write the gap table
         gap_table: with check_identity: write the train/serve gap decomposition (markdown) to this file
@@ -125,6 +125,7 @@ def decode_command(
     # --json holds every finished row from the first on: an interrupted decode keeps what it measured
     named = {
         "dtype": str(next(module.target.parameters()).dtype).removeprefix("torch."),
+        "temperature": temperature,  # 0: greedy; a sampled decode's rows say so
         "machine": machine_description(),
     }
     save = (lambda rows: write_json(json, [row | named for row in rows])) if json else None  # noqa: E731

@@ -87,12 +87,14 @@ def total_fit_seconds(point: dict) -> float:
     return point["fit_wall_seconds"] + (point.get("start_fit_seconds") or 0.0)
 
 
-def collect(study_dir: Path, base: str = BASE) -> list[dict]:
+def collect(study_dir: Path, base: str = BASE, kind: str = "decode") -> list[dict]:
+    """Every run's measured rows from ``step=<steps>.<kind>.json`` (``--kind``: another measurement of the same
+    checkpoints, e.g. a sampled decode ``decode_t0.7``)."""
     points = []
     for budget_file in sorted(study_dir.glob("*/budget.json")):
         run_dir = budget_file.parent
         budget = json.loads(budget_file.read_text())
-        decode_json = run_dir / f"step={budget['steps']}.decode.json"
+        decode_json = run_dir / f"step={budget['steps']}.{kind}.json"
         if not decode_json.exists():
             continue
         run_settings = settings(run_dir / f"step={budget['steps']}.ckpt")
@@ -109,7 +111,7 @@ def collect(study_dir: Path, base: str = BASE) -> list[dict]:
                 max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
                 measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
                 prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
-                dtype=row.get("dtype"), machine=row.get("machine"),
+                dtype=row.get("dtype"), machine=row.get("machine"), temperature=row.get("temperature", 0.0),
             ))  # fmt: skip
     return sorted(points, key=lambda p: (p["run"] != base, p["run"], p["eval_set"] != "sharegpt_heldout"))
 
@@ -252,15 +254,16 @@ def main() -> None:
     parser.add_argument("--study_dir", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--base", default=BASE, help="the run the others are paired with (default: base)")
+    parser.add_argument("--kind", default="decode", help="read step=N.<kind>.json (default: decode)")
     parser.add_argument("--pair", action="append", default=[], metavar="RUN=BASE",
                         help="pair RUN with BASE instead of --base (repeatable); BASE is then no one's pair")  # fmt: skip
     args = parser.parse_args()
     pairs = dict(item.split("=", 1) for item in args.pair if "=" in item)
     if len(pairs) != len(args.pair):
         raise SystemExit(f"--pair {args.pair}: expected RUN=BASE")
-    points = collect(Path(args.study_dir), args.base)
+    points = collect(Path(args.study_dir), args.base, args.kind)
     if not points:
-        raise SystemExit(f"no <run>/budget.json with its step=N.decode.json under {args.study_dir}")
+        raise SystemExit(f"no <run>/budget.json with its step=N.{args.kind}.json under {args.study_dir}")
     paired_differences(points, json.loads(Path(TREND).read_text())["extrapolation"], args.base, pairs)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)

@@ -29,10 +29,21 @@ def test_bf16_decode_is_measured_against_bf16_generate_and_names_the_machine(che
     assert len(written) == len(rows) == 2
     for row in written:
         assert row["dtype"] == "bfloat16"  # the target decoded (and generate ran) in bf16: measure_speedup read it
+        assert row["temperature"] == 0.0  # greedy, said in the file
         assert set(FLAGS) <= set(row["machine"]) and row["machine"]["torch"] and row["machine"]["cpu"]
         # greedy speculation equals bf16 generate, or differs from it by a counted float tie
         assert row["outputs_equal"] and row["mismatches"] == [] and isinstance(row["ties"], list)
         assert all(d["kind"] == "tie" for d in row["differences"])
+
+
+def test_a_sampled_decode_names_its_temperature_in_the_json(checkpoint, tmp_path):
+    out = tmp_path / "rows.json"
+    cli_main(
+        ["decode", f"--ckpt_path={checkpoint}", "--modes=[markov]", "--num_prompts=2", "--max_new_tokens=8",
+         "--temperature=0.7", "--baseline=false", f"--json={out}"]
+    )  # fmt: skip
+    (row,) = json.loads(out.read_text())
+    assert row["temperature"] == 0.7 and row["tau"] >= 1.0  # every emitted block holds at least one token
 
 
 def test_bf16_with_packed_verify_is_refused_naming_both_options(checkpoint):
