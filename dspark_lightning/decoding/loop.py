@@ -11,7 +11,7 @@ from dspark_lightning.decoding.modes import MODES, draft_block
 from dspark_lightning.decoding.schedule import schedule_block
 from dspark_lightning.decoding.stats import DecodeStats, PhaseClock
 from dspark_lightning.decoding.target_forwards import TargetForwards
-from dspark_lightning.decoding.verify import verify_block
+from dspark_lightning.decoding.verify import at_least_float32, verify_block
 from dspark_lightning.models.drafter import DSparkDrafter
 
 
@@ -137,7 +137,8 @@ def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator
     """The target's token from its logits [V]: argmax at temperature 0, else a draw from softmax(logits / T)."""
     if temperature == 0:
         return int(logits.argmax())
-    return int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator))
+    probs = torch.softmax(at_least_float32(logits) / temperature, -1)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _truncate(tokens: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:

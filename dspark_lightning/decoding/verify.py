@@ -20,7 +20,7 @@ def verify_block(
 ) -> tuple[int, int]:
     """Accept a prefix of ``drafted`` given the target logits [n+1, V] of [x, d_1..d_n]; return (#accepted, next).
 
-    ``q`` [n, Vd]: the draft distribution of each slot (read only when sampling). ``logits`` is a tensor or anything
+    ``q`` [n, Vd]: the draft distribution of each slot (read only when sampling); both are read in float32 at least. ``logits`` is a tensor or anything
     whose ``[i]`` is row i: rows are read in order, each once, and only up to the first rejection. Of ``drafter``
     only ``d2t`` is read (the draft vocabulary's target ids, None when it is the target's).
     """
@@ -34,12 +34,13 @@ def verify_block(
         return n, int(logits[n].argmax())
     d2t = drafter.d2t
     for i in range(n):
-        p = torch.softmax(logits[i] / temperature, dim=-1)
+        # at least float32 whatever the model's dtype: bf16 probabilities would round p / q by up to 2^-8
+        p = torch.softmax(at_least_float32(logits[i]) / temperature, dim=-1)
         q_target = torch.zeros_like(p)
         if d2t is None:
-            q_target[: q.shape[-1]] = q[i]
+            q_target[: q.shape[-1]] = q[i].to(p.dtype)
         else:
-            q_target[d2t] = q[i]
+            q_target[d2t] = q[i].to(p.dtype)
         token = drafts[i]
         ratio = p[token] / q_target[token].clamp_min(1e-30)
         if torch.rand((), generator=generator) < ratio:
@@ -48,5 +49,10 @@ def verify_block(
         if residual.sum() <= 0:  # p == q: any rejection is measure-zero; fall back to p
             residual = p
         return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    p = torch.softmax(logits[n] / temperature, dim=-1)
+    p = torch.softmax(at_least_float32(logits[n]) / temperature, dim=-1)
     return n, int(torch.multinomial(p, 1, generator=generator))
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 / fp16 upcast to float32; float32 and float64 as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))

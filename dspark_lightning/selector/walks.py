@@ -24,7 +24,9 @@ def _choose(row_logits: torch.Tensor, temperature: float, generator: torch.Gener
     """
     if temperature == 0:
         return row_logits.argmax(dim=-1), None
-    probs = torch.softmax(row_logits / temperature, dim=-1)
+    # float32: q is both what the draft samples from and what verification divides by, so it must be one normalised
+    # distribution (bf16 probabilities would not sum to 1, and the two would differ)
+    probs = torch.softmax(row_logits.to(torch.promote_types(row_logits.dtype, torch.float32)) / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
 
 

@@ -40,7 +40,7 @@ def test_a_sampled_decode_names_its_temperature_in_the_json(checkpoint, tmp_path
     out = tmp_path / "rows.json"
     cli_main(
         ["decode", f"--ckpt_path={checkpoint}", "--modes=[markov]", "--num_prompts=2", "--max_new_tokens=8",
-         "--temperature=0.7", "--baseline=false", f"--json={out}"]
+         "--temperature=0.7", "--baseline=false", "--dtype=bfloat16", f"--json={out}"]
     )  # fmt: skip
     (row,) = json.loads(out.read_text())
     assert row["temperature"] == 0.7 and row["tau"] >= 1.0  # every emitted block holds at least one token

@@ -110,3 +110,17 @@ def test_greedy_accepts_the_longest_prefix_equal_to_the_target_argmax():
             )
             rows = TARGET[chain]
             assert verify_block(torch.tensor(drafted), None, rows, DraftVocab, 0.0, None) == expected, drafted
+
+
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+def test_bf16_draft_distributions_are_verified_in_float32(logits_dtype):
+    """A bf16 drafter's q (``decode --dtype bfloat16 --temperature T``), against the target's float32 logits (as the
+    decode loop passes them) or bf16 ones, is verified exactly as its float32 values are: the same accepted prefix
+    and token for every seed. (An index put of bf16 q into float32 p raised; bf16 arithmetic would round p / q.)"""
+    rows = TARGET[[3, 1, 4, 6]].to(logits_dtype)
+    q = Q[[3, 1, 4]].bfloat16()
+    drafted = torch.tensor([1, 4, 6])
+    for seed in range(200):
+        low = verify_block(drafted, q, rows, DraftVocab, 0.8, torch.Generator().manual_seed(seed))
+        full = verify_block(drafted, q.float(), rows.float(), DraftVocab, 0.8, torch.Generator().manual_seed(seed))
+        assert low == full, seed

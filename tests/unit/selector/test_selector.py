@@ -339,3 +339,16 @@ def test_reported_distributions_follow_the_walked_path():
         expected = torch.softmax((base + head.block_bias(prev, hidden)) / temperature, dim=-1)
         torch.testing.assert_close(q, expected, rtol=0, atol=1e-12)
     assert torch.equal(seq.probs.sum(-1) > 0, torch.ones(6, 5, dtype=torch.bool))
+
+
+def test_a_sampled_walk_over_bf16_logits_samples_from_one_float32_distribution():
+    """q is what the draft samples from and what verification divides by: over a bf16 drafter's logits it is the
+    float32 softmax of their values (normalised, the same draws for the same seed), not a bf16 one."""
+    logits = (torch.randn(2, 4, 50, generator=torch.Generator().manual_seed(0)) * 2).bfloat16()
+    first = torch.zeros(2, dtype=torch.long)
+    low = sequential_walk(logits, None, first, None, temperature=0.7, generator=torch.Generator().manual_seed(1))
+    full = sequential_walk(
+        logits.float(), None, first, None, temperature=0.7, generator=torch.Generator().manual_seed(1)
+    )
+    assert low.probs.dtype == torch.float32 and torch.equal(low.tokens, full.tokens)
+    assert torch.allclose(low.probs, full.probs) and torch.allclose(low.probs.sum(-1), torch.ones(2, 4))
