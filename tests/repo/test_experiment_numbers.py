@@ -480,6 +480,7 @@ BF16 = "experiments/smollm2_bf16/results.json"
 OPD = "experiments/smollm2_draft_opd/results.json"
 SAMPLED = "experiments/smollm2_sampled_regen/results.json"
 SAMPLED_DATA = "experiments/smollm2_sampled_regen/data_stats.json"
+SAMPLED_T = "experiments/smollm2_sampled_regen/temperature_0.7/results.json"  # the same drafters, sampled at T = 0.7
 BF16_STEP = "benchmarks/training/results/train_step_bf16_avx512bf16.csv"
 BF16_STEP_NO_THP = "benchmarks/training/results/train_step_bf16_avx512bf16_thp_none.csv"
 BF16_VERIFY = "benchmarks/precision/results/bf16_smollm2_avx512bf16.json"
@@ -741,6 +742,7 @@ RENDERED = {
     "smollm2_sampled_regen": {  # data_stats.py's table, then the same report script (run.sh report runs both)
         "data_stats.md": lambda: data_stats_script().table(load_json(SAMPLED_DATA)),
         "table.md": lambda: choices_report().table(load_json(SAMPLED)["points"]),
+        "temperature_0.7/table.md": lambda: choices_report().table(load_json(SAMPLED_T)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(SAMPLED)["wall_clock"]),
     },
     "smollm2_bf16": {  # the same report script, run by experiments/smollm2_bf16/run.sh report
@@ -824,10 +826,22 @@ PAGES = {
             ("no clear gain**: {} and {}", choice(MIX, S, path=SAMPLED), choice(MIX, H, path=SAMPLED)),
             ("same: {} sampled, {} greedy, {} mixed", choice(SAM, S, "tf_greedy_tau", ".3f", SAMPLED),
              choice(B16, S, "tf_greedy_tau", ".3f", SAMPLED), choice(MIX, S, "tf_greedy_tau", ".3f", SAMPLED)),
+            ("not clearly better**: {} on sharegpt_heldout and {} on humaneval, {} and {} against the greedy hour",
+             choice(MIXL, S, "measured_tau", path=SAMPLED), choice(MIXL, H, "measured_tau", path=SAMPLED),
+             choice(MIXL, S, path=SAMPLED), choice(MIXL, H, path=SAMPLED)),
+            ("teacher-forced greedy tau {} against {}", choice(MIXL, S, "tf_greedy_tau", ".3f", SAMPLED),
+             choice(L16, S, "tf_greedy_tau", ".3f", SAMPLED)),
+            ("within the noise**: {} on sharegpt_heldout and {} on humaneval against the greedy run (which measures {} "
+             "and {} at this temperature); mixed: {} and {}", choice(SAM, S, path=SAMPLED_T), choice(SAM, H, path=SAMPLED_T),
+             choice(B16, S, "measured_tau", path=SAMPLED_T), choice(B16, H, "measured_tau", path=SAMPLED_T),
+             choice(MIX, S, path=SAMPLED_T), choice(MIX, H, path=SAMPLED_T)),
+            ("sampled**: {} and {} against the greedy hour", choice(MIXL, S, path=SAMPLED_T), choice(MIXL, H, path=SAMPLED_T)),
+            ("(best {} and {}, the mixed hour)", choice(MIXL, S, "measured_tau", path=SAMPLED),
+             choice(MIXL, H, "measured_tau", path=SAMPLED)),
         ],
         context=["(issue 43)", "0.7", "0.8", "top-k 20", "top_k 20", "seed 0", "1,284", "160 new tokens", "384 tokens",
                  "900-s", "0.05", "B = 8", "128 blocks", "1,024-token", "lr 1e-3", "40 warm-up steps", "2,568", "32 prompts",
-                 "64 new tokens", "§7.8", "bf16", "≥ 2.0", "1.0", "300 steps"],
+                 "64 new tokens", "§7.8", "bf16", "≥ 2.0", "1.0", "300 steps", "5,510", "temperature 0.7"],
     ),
     "smollm2_draft_opd": Figures(
         claims=[
