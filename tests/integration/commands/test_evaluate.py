@@ -59,7 +59,9 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, c
     written = json.loads(out.read_text())
     assert {row.pop("machine")["cpu"] for row in written} == {machine_description()["cpu"]}  # each row names it
     assert {row["dtype"] for row in written} == {"float32"}  # the dtype the target decoded in, on every row
-    assert written == [row | {"dtype": "float32"} for row in json.loads(dumps_json(rows))]  # strict: NaN is null
+    assert {row["temperature"] for row in written} == {0.0}  # and its temperature: greedy
+    expected = [row | {"dtype": "float32", "temperature": 0.0} for row in json.loads(dumps_json(rows))]
+    assert written == expected  # strict: NaN is null
     by_mode = {(r["mode"], r["threshold"]): r for r in rows}
     cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
     assert len(cost_rows) == 3 and {r["mode"] for r in cost_rows} == {"parallel", "markov", "selector"}
