@@ -114,11 +114,14 @@ if [ "${DTYPE:-float32}" = float32 ]; then KERNELS=(--packed_verify true); else 
 # and the cost-model schedule, outputs compared
 measure() { decode_run "$1" decode "${PROMPTS:-32}" --baseline false; }
 time_vs_generate() { decode_run "$1" wall_clock "${TIME_PROMPTS:-16}" --cost_model true; }
+# measure_t NAME: measured tau under lossless speculative sampling at T (default 0.7), seeded, into NAME/step=N.decode_tT.json
+measure_t() { decode_run "$1" "decode_t${T:-0.7}" "${PROMPTS:-32}" --baseline false --temperature "${T:-0.7}"; }
 
 mkdir -p "$OUT"
 case "${1:?stage: train NAME | measure NAME | time NAME | report}" in
   train) train "${2:?train NAME}" ;;
   measure) measure "${2:?measure NAME}" ;;
+  measure_t) measure_t "${2:?measure_t NAME}" ;;
   time) time_vs_generate "${2:?time NAME}" ;;
   report) python experiments/smollm2_recipe_choices/report.py --study_dir "$OUT" --output experiments/smollm2_recipe_choices ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;

