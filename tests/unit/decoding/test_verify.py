@@ -124,3 +124,30 @@ def test_bf16_draft_distributions_are_verified_in_float32(logits_dtype):
         low = verify_block(drafted, q, rows, DraftVocab, 0.8, torch.Generator().manual_seed(seed))
         full = verify_block(drafted, q.float(), rows.float(), DraftVocab, 0.8, torch.Generator().manual_seed(seed))
         assert low == full, seed
+
+
+class FullVocab:
+    d2t = None
+
+
+def test_a_bf16_target_is_accepted_against_its_float64_probability():
+    """Each case puts the target's probability of the drafted token 1e-4 (relative) above or below the acceptance
+    threshold u q: u is the slot's uniform draw (the generator's first), q = 1/2, and a temperature solved in float64
+    sets p = sigmoid(-1 / T) from the bf16 logits [-1, 0]. Accepted iff p / q > u in float64, for every case;
+    bf16 probabilities (2^-9 relative rounding) decide 133 of the 291 cases the other way (mutation verify-bf16-probabilities)."""
+    logits = torch.tensor([[-1.0, 0.0], [0.0, 0.0]], dtype=torch.bfloat16)  # slot 1's row: the bonus token's
+    q = torch.tensor([[0.5, 0.5]])
+    wrong = []
+    for seed in range(300):
+        u = float(torch.rand((), generator=torch.Generator().manual_seed(seed)))
+        side = 1.0 if seed % 2 else -1.0
+        p = 0.5 * u * (1.0 + side * 1e-4)  # the float64 probability this case gives the drafted token 0
+        if not 1e-3 < p < 0.49:
+            continue
+        temperature = -1.0 / (torch.tensor(p, dtype=torch.float64).logit().item())  # sigmoid(-1 / T) = p
+        accepted, _ = verify_block(
+            torch.tensor([0]), q, logits, FullVocab, temperature, torch.Generator().manual_seed(seed)
+        )
+        if accepted != int(p / 0.5 > u):
+            wrong.append(seed)
+    assert wrong == []
