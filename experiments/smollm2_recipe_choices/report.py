@@ -36,6 +36,17 @@ def train_data(train_cache: str | list[str] | None) -> list[str]:
     return [Path(str(c)).parent.name for c in caches]
 
 
+def train_size(train_cache: str | list[str] | None) -> dict:
+    """Records, packed rows and supervised tokens of the caches a run trained on, summed from each cache's
+    ``index.json``; None where a cache is not on this machine (the study's caches are untracked)."""
+    caches = [train_cache] if isinstance(train_cache, str) else list(train_cache or [])
+    stats = [Path(str(c)) / "index.json" for c in caches]
+    if not caches or not all(p.is_file() for p in stats):
+        return dict(train_records=None, train_rows=None, train_supervised_tokens=None)
+    counts = [json.loads(p.read_text())["data_stats"] for p in stats]
+    return {f"train_{k}": sum(c[k] for c in counts) for k in ("records", "rows", "supervised_tokens")}
+
+
 def settings(ckpt: Path) -> dict:
     """What the run trained with, from the checkpoint's saved hyper-parameters and optimizer state."""
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
@@ -55,6 +66,9 @@ def settings(ckpt: Path) -> dict:
         seq_len=state["datamodule_hyper_parameters"]["seq_len"],
         # the feature caches it trained on, by folder (cache/<name>/train), e.g. greedy or sampled replies
         train_data=train_data(state["datamodule_hyper_parameters"].get("train_cache")),
+        # how much text that is, and how often a step draws a row of it (passes = steps x batch_size / train_rows)
+        **train_size(state["datamodule_hyper_parameters"].get("train_cache")),
+        batch_size=state["datamodule_hyper_parameters"]["batch_size"],
         # a stage (experiments/smollm2_draft_opd): the run it started from, and the draft-induced-state options
         init_weights=training.get("init_weights") and "/".join(Path(training["init_weights"]).parts[-2:]),
         error_replay=training.get("error_replay", 0.0), markov_prev=training.get("markov_prev", "teacher"),

@@ -745,6 +745,7 @@ def timed(path: str, run: str, eval_set: str, schedule: str, key: str = "speedup
 
 BF16, OPD = "experiments/smollm2_bf16/results.json", "experiments/smollm2_draft_opd/results.json"
 SAMPLED = "experiments/smollm2_sampled_regen/results.json"
+MORE = "experiments/smollm2_more_data/results.json"
 
 
 def measured(path: str, run: str, eval_set: str = "sharegpt_heldout") -> Callable[[], str]:
@@ -753,6 +754,16 @@ def measured(path: str, run: str, eval_set: str = "sharegpt_heldout") -> Callabl
     def value():
         (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, eval_set)]
         return "{:.3f} [{:.3f}, {:.3f}]".format(p["measured_tau"], *p["measured_tau_ci"])
+
+    return value
+
+
+def tf_tau(path: str, run: str) -> Callable[[], str]:
+    """A run's teacher-forced greedy tau (its fit's last validation), ``1.716``."""
+
+    def value():
+        (p,) = [p for p in load_json(path)["points"] if (p["run"], p["eval_set"]) == (run, "sharegpt_heldout")]
+        return fmt(p["tf_greedy_tau"], ".3f")
 
     return value
 
@@ -806,8 +817,11 @@ PROSE = {
             ("that drafter runs at {} of same-kernel bf16 `generate` on sharegpt_heldout\nand {} on humaneval",
              timed(SAMPLED, "combined_bf16_mixed_long", "sharegpt_heldout", "cost model"),
              timed(SAMPLED, "combined_bf16_mixed_long", "humaneval", "cost model")),
+            ("for the same steps measure {} on sharegpt_heldout against that hour, while teacher-forced greedy\ntau rises "
+             "from {} to {}", paired_delta(MORE, "combined_bf16_more_long", "sharegpt_heldout"),
+             tf_tau(MORE, "combined_bf16_mixed_long"), tf_tau(MORE, "combined_bf16_more_long")),
         ],
-        context=["32 prompts", "bf16", "tau stays near 1.5", "2.0"],
+        context=["32 prompts", "bf16", "tau stays near 1.5", "2.0", "3,000 conversations", "4,284 replies"],
     ),
     "**Gemma 3 270M, a base model**": Figures(
         claims=[
@@ -1142,6 +1156,13 @@ LEDGER = {
                  paired_delta(SAMPLED, "combined_bf16_mixed", "sharegpt_heldout")),
                 ("mixed for an hour {}, {} over the greedy hour", measured(SAMPLED, "combined_bf16_mixed_long"),
                  paired_delta(SAMPLED, "combined_bf16_mixed_long", "sharegpt_heldout"))],
+    ),
+    "smollm2_more_data/": Figures(
+        claims=[("no: {} on sharegpt_heldout and {} on humaneval against the mixed hour; {} of bf16",
+                 paired_delta(MORE, "combined_bf16_more_long", "sharegpt_heldout"),
+                 paired_delta(MORE, "combined_bf16_more_long", "humaneval"),
+                 timed(MORE, "combined_bf16_more_long", "sharegpt_heldout", "cost model"))],
+        context=["3,000 conversations", "4,284 replies"],
     ),
     "mutation_audit/": Figures(
         claims=[("{} of {} realistic mutations caught", lambda: str(load_json(AUDIT)["caught"]),

@@ -481,6 +481,8 @@ OPD = "experiments/smollm2_draft_opd/results.json"
 SAMPLED = "experiments/smollm2_sampled_regen/results.json"
 SAMPLED_DATA = "experiments/smollm2_sampled_regen/data_stats.json"
 SAMPLED_T = "experiments/smollm2_sampled_regen/temperature_0.7/results.json"  # the same drafters, sampled at T = 0.7
+MORE = "experiments/smollm2_more_data/results.json"
+MORE_T = "experiments/smollm2_more_data/temperature_0.7/results.json"
 BF16_STEP = "benchmarks/training/results/train_step_bf16_avx512bf16.csv"
 BF16_STEP_NO_THP = "benchmarks/training/results/train_step_bf16_avx512bf16_thp_none.csv"
 BF16_VERIFY = "benchmarks/precision/results/bf16_smollm2_avx512bf16.json"
@@ -509,6 +511,19 @@ def step_ratio(path: str, config: str) -> Callable[[], str]:
 
 SSFT, SOPD, SOPDS = "combined_stage_sft", "combined_stage_opd", "combined_stage_opd_equal_steps"
 SAM, MIX, MIXL = "combined_bf16_sampled", "combined_bf16_mixed", "combined_bf16_mixed_long"
+MORE_L, G3000 = "combined_bf16_more_long", "combined_bf16_greedy3000_long"
+
+
+def more_data(run: str, key: str, spec: str) -> Callable[[], str]:
+    """A training-data figure of one run of the more-data study (its sharegpt_heldout row): rows, tokens, passes."""
+
+    def value():
+        (p,) = [p for p in load_json(MORE)["points"] if (p["run"], p["eval_set"]) == (run, "sharegpt_heldout")]
+        if key == "passes":  # how often each packed row is drawn: steps x rows per step / rows
+            return fmt(p["steps"] * p["batch_size"] / p["train_rows"], spec)
+        return thousands(p[key]) if spec == "thousands" else fmt(p[key], spec)
+
+    return value
 
 
 def opd_value(run: str, key: str) -> float:
@@ -745,6 +760,11 @@ RENDERED = {
         "temperature_0.7/table.md": lambda: choices_report().table(load_json(SAMPLED_T)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(SAMPLED)["wall_clock"]),
     },
+    "smollm2_more_data": {  # the same report script, run twice by its run.sh report (greedy, then T = 0.7)
+        "table.md": lambda: choices_report().table(load_json(MORE)["points"]),
+        "temperature_0.7/table.md": lambda: choices_report().table(load_json(MORE_T)["points"]),
+        "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(MORE)["wall_clock"]),
+    },
     "smollm2_bf16": {  # the same report script, run by experiments/smollm2_bf16/run.sh report
         "table.md": lambda: choices_report().table(load_json(BF16)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(BF16)["wall_clock"]),
@@ -855,6 +875,58 @@ PAGES = {
                  "900-s", "0.05", "B = 8", "128 blocks", "1,024-token", "lr 1e-3", "40 warm-up steps", "2,568", "32 prompts",
                  "64 new tokens", "§7.8", "bf16", "≥ 2.0", "1.0", "300 steps", "5,510", "temperature 0.7", "16 prompts",
                  "blocks of 8", "not 8"],
+    ),
+    "smollm2_more_data": Figures(
+        claims=[
+            ("{}", lambda: doc_machine_line(load_json(MORE)["machine"])),
+            ("train {} steps of one packed", lambda: thousands(load_json(MORE)["points"][0]["steps"])),
+            ("sees each of its {} rows about {} times", more_data(L16, "train_rows", ".0f"), more_data(L16, "passes", ".0f")),
+            ("replies, {} rows) about {} times", more_data(MIXL, "train_rows", ".0f"), more_data(MIXL, "passes", ".0f")),
+            ("the greedy hour {} rows ({} supervised tokens, {} passes in {}\nsteps), the mixed hour {} rows ({} passes), "
+             "the 3,000 greedy replies {} rows ({} tokens, {} passes), the\n3,000 greedy plus the 1,284 sampled replies {} "
+             "rows ({} tokens, {} passes)", more_data(L16, "train_rows", ".0f"),
+             more_data(L16, "train_supervised_tokens", "thousands"), more_data(L16, "passes", ".1f"),
+             lambda: thousands(load_json(MORE)["points"][0]["steps"]), more_data(MIXL, "train_rows", ".0f"),
+             more_data(MIXL, "passes", ".1f"), more_data(G3000, "train_rows", ".0f"),
+             more_data(G3000, "train_supervised_tokens", "thousands"), more_data(G3000, "passes", ".1f"),
+             more_data(MORE_L, "train_rows", ".0f"), more_data(MORE_L, "train_supervised_tokens", "thousands"),
+             more_data(MORE_L, "passes", ".1f")),
+            ("measures {}\n  {} on sharegpt_heldout and {} on humaneval, {} and {}\n  against the mixed hour",
+             lambda: choice(MORE_L, S, "measured_tau", path=MORE)().split(" [")[0], lambda: "[" + choice(MORE_L, S, "measured_tau", path=MORE)().split(" [")[1],
+             choice(MORE_L, H, "measured_tau", path=MORE), choice(MORE_L, S, path=MORE), choice(MORE_L, H, path=MORE)),
+            ("the 3,000 greedy replies give {}\n  on sharegpt_heldout and {} on humaneval against the greedy hour",
+             choice(G3000, S, path=MORE), choice(G3000, H, path=MORE)),
+            ("the sampled\n  replies gave it ({})", choice(MIXL, S, path=SAMPLED)),
+            ("greedy tau follows the data, measured tau does not**: {} (greedy hour), {} (mixed), {}\n  (3,000 greedy), {} "
+             "(all 4,284 replies), while measured tau stays within {}–{} on sharegpt_heldout",
+             choice(L16, S, "tf_greedy_tau", ".3f", MORE), choice(MIXL, S, "tf_greedy_tau", ".3f", MORE),
+             choice(G3000, S, "tf_greedy_tau", ".3f", MORE), choice(MORE_L, S, "tf_greedy_tau", ".3f", MORE),
+             lambda: fmt(min(p["measured_tau"] for p in load_json(MORE)["points"] if p["eval_set"] == S), ".3f"),
+             lambda: fmt(max(p["measured_tau"] for p in load_json(MORE)["points"] if p["eval_set"] == S), ".3f")),
+            ("at {} passes instead of {}", more_data(MORE_L, "passes", ".0f"), more_data(L16, "passes", ".0f")),
+            ("(+{} per 10× training tokens", lambda: "{:.2f}".format(load_json(
+                "experiments/smollm2_cpu_hour_study/results.json")["extrapolation"]["sharegpt_heldout"]["slope_per_decade"])),
+            ("the larger mix is {} and {}: nothing resolved", choice(MORE_L, S, path=MORE_T), choice(MORE_L, H, path=MORE_T)),
+            ("The 3,000 greedy replies measure {} against the greedy hour", choice(G3000, S, path=MORE_T)),
+            ("({} there), and {} on humaneval", lambda: choice(G3000, S, path=MORE)().split(" [")[0],
+             choice(G3000, H, path=MORE_T)),
+            ("**Both pay on both sets with the cost model**: `combined_bf16_more_long` {} of same-kernel\n  `generate` on "
+             "sharegpt_heldout and {} on humaneval, `combined_bf16_greedy3000_long` {} and {}",
+             timed(MORE_L, S, CM, "speedup_vs_packed_generate", MORE), timed(MORE_L, H, CM, "speedup_vs_packed_generate", MORE),
+             timed(G3000, S, CM, "speedup_vs_packed_generate", MORE), timed(G3000, H, CM, "speedup_vs_packed_generate", MORE)),
+            ("float tie only\n  ({}/{} on each set)", lambda: fmt(min(r["outputs_equal"] for r in load_json(MORE)["wall_clock"]), ".0f"),
+             lambda: fmt(max(r["num_prompts"] for r in load_json(MORE)["wall_clock"]), ".0f")),
+            ("whole blocks was {} in this run against {} in the mixed hour's", timed(MORE_L, S, WB, "break_even_tau", MORE),
+             timed(MIXL, S, WB, "break_even_tau", MORE)),
+            ("the best are {} on sharegpt_heldout (the mixed hour)\nand {} on humaneval", choice(MIXL, S, "measured_tau", path=MORE),
+             choice(MORE_L, H, "measured_tau", path=MORE)),
+            ("nor {} times the replies", lambda: fmt(float(more_data(MORE_L, "train_records", ".0f")())
+             / float(more_data(L16, "train_records", ".0f")()), ".1f")),
+        ],
+        context=["(issue 43)", "1,284", "1,024-token", "1,716", "1,285–3,000", "900-s", "0.05", "B = 8", "128 blocks",
+                 "lr 1e-3", "40 warm-up steps", "seed 0", "32 prompts", "64 new tokens", "§7.8", "bf16", "0.7", "16 prompts",
+                 "≥ 2.0", "1.0", "300 steps", "+0.04", "2.0", "3,000", "4,284", "9 rows", "20 times", "10 times",
+                 "one time in five", "four 95%", "5,510"],
     ),
     "smollm2_draft_opd": Figures(
         claims=[

@@ -1,10 +1,11 @@
 """The experiments' ``run.sh`` scripts: each parses, and refuses an unknown stage with a line naming it (exit 2)
 before running anything; the Draft-OPD stages refuse a missing start checkpoint, and the sampled-regeneration runs
-a missing greedy run, the same way."""
+a missing greedy run, and the more-data run a missing base, the same way."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 
@@ -37,6 +38,12 @@ def test_sampled_regeneration_runs_refuse_a_missing_greedy_run(tmp_path):
     assert refused.returncode == 2 and "greedy/budget.json does not exist" in refused.stderr, refused.stderr
 
 
+def test_more_data_run_refuses_a_missing_base(tmp_path):
+    env = dict(os.environ, MIXED_LONG=str(tmp_path / "mixed_long"), STUDY_OUT=str(tmp_path / "study"))
+    refused = run("experiments/smollm2_more_data/run.sh", "train", "mixed", env=env)
+    assert refused.returncode == 2 and "mixed_long/budget.json does not exist" in refused.stderr, refused.stderr
+
+
 def test_recipe_report_pairs_a_run_with_its_own_base():
     """``report.py --pair RUN=BASE``: RUN's difference is against BASE on the same prompts (the page names BASE); the
     rest stay paired with --base, and BASE itself gets no difference."""
@@ -63,3 +70,19 @@ def test_recipe_report_pairs_a_run_with_its_own_base():
         "measured_tau_ci": [1.0, 2.0], "tf_greedy_tau": None} for p in points])  # fmt: skip
     with pytest.raises(SystemExit, match="no measured run missing"):
         report.paired_differences(points, trend, "short", {"other": "missing"})
+
+
+def test_recipe_report_sums_the_training_caches_a_run_read(tmp_path):
+    """``report.py`` records the records, packed rows and supervised tokens of every cache a run trained on (summed
+    from their index.json), and None for all three when one cache is not on this machine."""
+    spec = importlib.util.spec_from_file_location("report", ROOT / "experiments/smollm2_recipe_choices/report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    for name, (records, rows, tokens) in {"a": (951, 203, 127399), "b": (333, 69, 43360)}.items():
+        (tmp_path / name).mkdir()
+        stats = dict(records=records, rows=rows, supervised_tokens=tokens, no_anchor_room=0)
+        (tmp_path / name / "index.json").write_text(json.dumps(dict(complete=True, data_stats=stats)))
+    both = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert report.train_size(both) == dict(train_records=1284, train_rows=272, train_supervised_tokens=170759)
+    assert report.train_size(str(tmp_path / "a"))["train_rows"] == 203
+    assert set(report.train_size([*both, str(tmp_path / "missing")]).values()) == {None}
