@@ -31,9 +31,7 @@ case "${1:?stage: train sft|opd|opd_equal_steps | measure NAME | time NAME | rep
     esac ;;
   measure|time) bash $STUDY "$1" "${2:?$1 NAME}" ;;
   report)  # the start joins the table (linked here, measured on the same prompts), paired with the SFT stage like the rest
-    start=$(dirname "$FROM")
-    ln -sfn "$(realpath "$start")" "$STUDY_OUT/$(basename "$start")"
-    [ ! -f "$start.fit.log" ] || ln -sf "$(realpath "$start.fit.log")" "$STUDY_OUT/$(basename "$start").fit.log"
+    bash $STUDY link "$(dirname "$FROM")"
     python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --output experiments/smollm2_draft_opd \
       --base combined_stage_sft ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;

@@ -40,15 +40,8 @@ case "${1:?stage: cache | train mixed|greedy | measure NAME | time NAME | measur
     esac ;;
   measure|time|measure_t) T=$T bash $STUDY "$1" "${2:?$1 NAME}" ;;
   report)  # the mixed hour (the base) and the greedy hour (the 3,000 greedy run's base) join, linked, same prompts
-    mkdir -p "$STUDY_OUT"
-    for run in "$MIXED_LONG" "$GREEDY_LONG"; do
-      ln -sfn "$(realpath "$run")" "$STUDY_OUT/$(basename "$run")"
-      [ ! -f "$run.fit.log" ] || ln -sf "$(realpath "$run.fit.log")" "$STUDY_OUT/$(basename "$run").fit.log"
-    done
-    python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --output experiments/smollm2_more_data \
-      --base "$(basename "$MIXED_LONG")" --pair "combined_bf16_greedy3000_long=$(basename "$GREEDY_LONG")"
-    python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --kind "decode_t$T" \
-      --output "experiments/smollm2_more_data/temperature_$T" --base "$(basename "$MIXED_LONG")" \
-      --pair "combined_bf16_greedy3000_long=$(basename "$GREEDY_LONG")" ;;
+    bash $STUDY link "$MIXED_LONG" "$GREEDY_LONG"
+    T=$T bash $STUDY report_into experiments/smollm2_more_data "$(basename "$MIXED_LONG")" \
+      "combined_bf16_greedy3000_long=$(basename "$GREEDY_LONG")" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac

@@ -9,6 +9,9 @@
 #                                                 # the same packed kernels, outputs compared (TIME_PROMPTS=16 per set)
 #   bash experiments/smollm2_recipe_choices/run.sh measure NAME    # measured tau on both evaluation sets (no wall clock)
 #   bash experiments/smollm2_recipe_choices/run.sh report          # results.json / results.csv / table.md from what exists
+#   bash experiments/smollm2_recipe_choices/run.sh link RUN_DIR... # (for other studies) runs of another study join OUT
+#   bash experiments/smollm2_recipe_choices/run.sh report_into DIR BASE [RUN=OWN_BASE...]   # (for other studies) OUT's
+#                                                 # report into DIR, and DIR/temperature_T/ from measure_t
 # BUDGET_S=600 (default) training seconds per choice; PROMPTS=32 prompts per set; NEW_TOKENS=64 tokens per prompt.
 # PRECISION=bf16-mixed trains under bf16 autocast (default: the config's 32-true); DTYPE=bfloat16 decodes and times in
 # bf16 on the default kernels, `generate` in bf16 on the same kernels (default float32 on oneDNN-packed kernels).
@@ -117,12 +120,31 @@ time_vs_generate() { decode_run "$1" wall_clock "${TIME_PROMPTS:-16}" --cost_mod
 # measure_t NAME: measured tau under lossless speculative sampling at T (default 0.7), seeded, into NAME/step=N.decode_tT.json
 measure_t() { decode_run "$1" "decode_t${T:-0.7}" "${PROMPTS:-32}" --baseline false --temperature "${T:-0.7}"; }
 
+# link RUN_DIR...: runs of another study join this one (linked with their fit logs; measured on the same prompts)
+link() {
+  for run in "$@"; do
+    ln -sfn "$(realpath "$run")" "$OUT/$(basename "$run")"
+    [ ! -f "$run.fit.log" ] || ln -sf "$(realpath "$run.fit.log")" "$OUT/$(basename "$run").fit.log"
+  done
+}
+# report_into DIR BASE [RUN=OWN_BASE...]: DIR/results.json and tables from the greedy measurement, paired with BASE
+# (a RUN=OWN_BASE with its own base), and the same from the sampled one (measure_t) into DIR/temperature_T/
+report_into() {
+  local dir=$1 base=$2 pairs=() pair; shift 2
+  for pair in "$@"; do pairs+=(--pair "$pair"); done
+  python experiments/smollm2_recipe_choices/report.py --study_dir "$OUT" --output "$dir" --base "$base" "${pairs[@]}"
+  python experiments/smollm2_recipe_choices/report.py --study_dir "$OUT" --kind "decode_t${T:-0.7}" \
+    --output "$dir/temperature_${T:-0.7}" --base "$base" "${pairs[@]}"
+}
+
 mkdir -p "$OUT"
-case "${1:?stage: train NAME | measure NAME | time NAME | report}" in
+case "${1:?stage: train NAME | measure NAME | time NAME | measure_t NAME | link RUN_DIR... | report_into DIR BASE [RUN=BASE...] | report}" in
   train) train "${2:?train NAME}" ;;
   measure) measure "${2:?measure NAME}" ;;
   measure_t) measure_t "${2:?measure_t NAME}" ;;
   time) time_vs_generate "${2:?time NAME}" ;;
+  link) shift; link "$@" ;;
+  report_into) shift; report_into "${1:?report_into DIR BASE [RUN=BASE...]}" "${2:?report_into DIR BASE}" "${@:3}" ;;
   report) python experiments/smollm2_recipe_choices/report.py --study_dir "$OUT" --output experiments/smollm2_recipe_choices ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac

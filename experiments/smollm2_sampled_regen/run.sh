@@ -33,13 +33,7 @@ run_steps() {  # run_steps RUN: a run's step count (a greedy run's: what its sam
   [ -f "$1/budget.json" ] || { echo "$1/budget.json does not exist: train it first (experiments/smollm2_bf16/run.sh)" >&2; exit 2; }
   python -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$1/budget.json"
 }
-link_greedy() {  # the greedy runs join the study (linked, measured on the same prompts) as the bases of the pairings
-  mkdir -p "$STUDY_OUT"
-  for run in "$GREEDY" "$GREEDY_LONG"; do
-    ln -sfn "$(realpath "$run")" "$STUDY_OUT/$(basename "$run")"
-    [ ! -f "$run.fit.log" ] || ln -sf "$(realpath "$run.fit.log")" "$STUDY_OUT/$(basename "$run").fit.log"
-  done
-}
+link_greedy() { bash $STUDY link "$GREEDY" "$GREEDY_LONG"; }  # the greedy runs join the study as the pairings' bases
 case "${1:?stage: regenerate | cache | train sampled|mixed|mixed_long | measure NAME | measure_t NAME | time NAME | report}" in
   regenerate)  # the settings of every regeneration in assets/smollm2/README.md, sampled; resumes what exists
     [ -e data/smollm2_sampled ] || { mkdir -p data && cp -r "$SAMPLED" data/smollm2_sampled; }
@@ -67,10 +61,7 @@ case "${1:?stage: regenerate | cache | train sampled|mixed|mixed_long | measure 
     python experiments/smollm2_sampled_regen/data_stats.py --target targets/smollm2-135m-instruct \
       --greedy assets/smollm2/regenerated-951/train-00000.jsonl assets/smollm2/regenerated-more/train-00000.jsonl \
       --sampled "$SAMPLED"/train-*.jsonl --output experiments/smollm2_sampled_regen/data_stats.json
-    python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --output experiments/smollm2_sampled_regen \
-      --base "$(basename "$GREEDY")" --pair "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")"
-    python experiments/smollm2_recipe_choices/report.py --study_dir "$STUDY_OUT" --kind "decode_t$T" \
-      --output "experiments/smollm2_sampled_regen/temperature_$T" --base "$(basename "$GREEDY")" \
-      --pair "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")" ;;
+    T=$T bash $STUDY report_into experiments/smollm2_sampled_regen "$(basename "$GREEDY")" \
+      "combined_bf16_mixed_long=$(basename "$GREEDY_LONG")" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
