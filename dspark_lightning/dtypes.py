@@ -23,3 +23,9 @@ def torch_dtype(name: str | torch.dtype, allowed: Iterable[str] = DTYPES, what: 
     if name not in allowed:
         raise OptionError(f"{what} must be one of {sorted(allowed)}, got {name!r}")
     return DTYPES[name]
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """bf16 / fp16 upcast to float32; float32 and float64 as they are. Probabilities that are sampled from and
+    divided by (the draft's q, the target's p) are computed in it: bf16 ones would round p / q by up to 2^-8."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))

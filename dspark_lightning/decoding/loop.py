@@ -11,7 +11,8 @@ from dspark_lightning.decoding.modes import MODES, draft_block
 from dspark_lightning.decoding.schedule import schedule_block
 from dspark_lightning.decoding.stats import DecodeStats, PhaseClock
 from dspark_lightning.decoding.target_forwards import TargetForwards
-from dspark_lightning.decoding.verify import at_least_float32, verify_block
+from dspark_lightning.decoding.verify import verify_block
+from dspark_lightning.dtypes import at_least_float32
 from dspark_lightning.models.drafter import DSparkDrafter
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from dspark_lightning.dtypes import at_least_float32
+
 
 def verify_block(
     drafted: torch.Tensor,
@@ -20,9 +22,10 @@ def verify_block(
 ) -> tuple[int, int]:
     """Accept a prefix of ``drafted`` given the target logits [n+1, V] of [x, d_1..d_n]; return (#accepted, next).
 
-    ``q`` [n, Vd]: the draft distribution of each slot (read only when sampling); both are read in float32 at least. ``logits`` is a tensor or anything
-    whose ``[i]`` is row i: rows are read in order, each once, and only up to the first rejection. Of ``drafter``
-    only ``d2t`` is read (the draft vocabulary's target ids, None when it is the target's).
+    ``q`` [n, Vd]: the draft distribution of each slot (read only when sampling); q and p are compared in float32 at
+    least. ``logits`` is a tensor or anything whose ``[i]`` is row i: rows are read in order, each once, and only up
+    to the first rejection. Of ``drafter`` only ``d2t`` is read (the draft vocabulary's target ids, None when it is
+    the target's).
     """
     n = drafted.shape[0]
     drafts = drafted.tolist()
@@ -51,8 +54,3 @@ def verify_block(
         return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
     p = torch.softmax(at_least_float32(logits[n]) / temperature, dim=-1)
     return n, int(torch.multinomial(p, 1, generator=generator))
-
-
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """bf16 / fp16 upcast to float32; float32 and float64 as they are."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark_lightning.dtypes import at_least_float32
 from dspark_lightning.models.markov import MarkovHead
 from dspark_lightning.selector.pairs import _check_inputs, _to_target_ids, pair_scores
 
@@ -26,7 +27,7 @@ def _choose(row_logits: torch.Tensor, temperature: float, generator: torch.Gener
         return row_logits.argmax(dim=-1), None
     # float32: q is both what the draft samples from and what verification divides by, so it must be one normalised
     # distribution (bf16 probabilities would not sum to 1, and the two would differ)
-    probs = torch.softmax(row_logits.to(torch.promote_types(row_logits.dtype, torch.float32)) / temperature, dim=-1)
+    probs = torch.softmax(at_least_float32(row_logits) / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
 
 

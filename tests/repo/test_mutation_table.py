@@ -4,6 +4,7 @@ a recorded row in ``experiments/mutation_audit/results.json`` (a new one must be
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -19,11 +20,10 @@ def test_every_mutation_still_applies_to_the_code():
 
 
 def test_every_mutation_in_the_table_has_a_recorded_result():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from mutations import MUTATIONS
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("mutations", ROOT / "scripts/mutations.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    MUTATIONS = table.MUTATIONS
     recorded = {
         r["id"]: r for r in json.loads((ROOT / "experiments/mutation_audit/results.json").read_text())["results"]
     }

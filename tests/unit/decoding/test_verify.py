@@ -134,7 +134,8 @@ def test_a_bf16_target_is_accepted_against_its_float64_probability():
     """Each case puts the target's probability of the drafted token 1e-4 (relative) above or below the acceptance
     threshold u q: u is the slot's uniform draw (the generator's first), q = 1/2, and a temperature solved in float64
     sets p = sigmoid(-1 / T) from the bf16 logits [-1, 0]. Accepted iff p / q > u in float64, for every case;
-    bf16 probabilities (2^-9 relative rounding) decide 133 of the 291 cases the other way (mutation verify-bf16-probabilities)."""
+    bf16 probabilities (2^-9 relative rounding) decide 133 of the 291 cases the other way (the mutation
+    verify-bf16-probabilities)."""
     logits = torch.tensor([[-1.0, 0.0], [0.0, 0.0]], dtype=torch.bfloat16)  # slot 1's row: the bonus token's
     q = torch.tensor([[0.5, 0.5]])
     wrong = []
