@@ -1,6 +1,6 @@
 """Checks shared by training and the tools: checkpoints read safely, weights finite, JSON without NaN.
 
-At the package root because lightning/, evaluation/, interop/ and studies/ all read checkpoints and write JSON.
+At the package root because lightning/, measuring/, interop/ and studies/ all read checkpoints and write JSON.
 """
 
 from __future__ import annotations

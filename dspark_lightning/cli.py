@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from dspark_lightning.errors import UserError
-from dspark_lightning.evaluation.calibrate import calibrate_command
-from dspark_lightning.evaluation.decode import decode_command
 from dspark_lightning.huge_pages import use_huge_pages
 from dspark_lightning.interop.export import export_command
 from dspark_lightning.interop.import_gguf import import_gguf_command
 from dspark_lightning.interop.serve_check import serve_check_command
 from dspark_lightning.lightning.fit import LIGHTNING_COMMANDS, lightning_main
+from dspark_lightning.measuring.calibrate import calibrate_command
+from dspark_lightning.measuring.decode import decode_command
 from dspark_lightning.preparation.cache import cache_command
 from dspark_lightning.preparation.draft_vocab import draft_vocab_command
 from dspark_lightning.preparation.regenerate import regenerate_command

@@ -1,6 +1,6 @@
 """Acceptance and confidence-calibration metrics, exact under DDP (sums and counts, divided in ``compute()``).
 
-At the package root because lightning/ (training), decoding/ (measured tau) and evaluation/ share them. Definitions:
+At the package root because lightning/ (training), decoding/ and measuring/ (measured tau) share them. Definitions:
 docs/design/design.md §7.1-§7.4, exactness: §7.5. Inputs are ``[Nb, B]`` (blocks x trained slots; flat ``[Nb*B]`` is
 reshaped) with a validity mask; in the DFlash form pass slots 1..B-1 only (``block_size = B - 1``)."""
 

@@ -1,7 +1,7 @@
 """What long commands share: a rich progress bar with an ETA, and stopping cleanly on SIGTERM.
 
 At the package root, in the lowest layer (it imports nothing of the package), because its users sit in several
-layers: ``regenerate`` and the feature cache (preparation/), the decode tables (evaluation/); the training
+layers: ``regenerate`` and the feature cache (preparation/), the decode tables (measuring/); the training
 callbacks (lightning/) read Lightning's own stop flag (``trainer.received_sigterm``) through ``stop_requested``."""
 
 from __future__ import annotations

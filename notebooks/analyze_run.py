@@ -46,13 +46,13 @@ import torch
 import yaml
 
 from dspark_lightning.cli import cli_main
-from dspark_lightning.decoding.decode_tables import measured_decoding
-from dspark_lightning.evaluation.calibration_stats import heldout_calibration
-from dspark_lightning.evaluation.loading import load_trained
-from dspark_lightning.evaluation.validation_blocks import collect_blocks
+from dspark_lightning.measuring.calibration import heldout_calibration
+from dspark_lightning.measuring.loading import load_trained
+from dspark_lightning.measuring.tables import measured_decoding
+from dspark_lightning.measuring.validation_blocks import collect_blocks
 from dspark_lightning.selector import equivalence_report
 from dspark_lightning.studies.quiet_output import quiet_logs
-from dspark_lightning.studies.runs import REPO_ROOT, demo_fit_args, find_runs, run_label
+from dspark_lightning.studies.runs import demo_fit_args, find_runs, run_label
 
 torch.set_num_threads(1)
 quiet_logs()
@@ -60,8 +60,8 @@ quiet_logs()
 
 RUN_DIR = os.environ.get("DSPARK_RUN_DIR")
 MAX_RUNS = int(os.environ.get("DSPARK_MAX_RUNS", "4"))
-if RUN_DIR:  # relative paths: to the current directory, else to the repository root (where `runs/` usually is)
-    RUN_DIR = Path(RUN_DIR) if Path(RUN_DIR).exists() else REPO_ROOT / RUN_DIR
+if RUN_DIR:  # a relative path is from the current directory
+    RUN_DIR = Path(RUN_DIR)
     RUN_DIR = RUN_DIR.resolve()
 else:
     RUN_DIR = Path(tempfile.mkdtemp(prefix="dspark-analysis-"))
@@ -71,8 +71,6 @@ else:
     for head in ("none", "vanilla"):
         cli_main(["fit", *demo_fit_args(RUN_DIR, head=head, steps=150, wandb=True)])
         wandb.finish()  # close this run's W&B files before the next run starts its own
-# configs written by `dspark-lightning fit` may hold paths relative to the repository (assets/...)
-os.chdir(REPO_ROOT)
 runs = find_runs(RUN_DIR)
 assert runs, f"no run (a directory with metrics.csv) under {RUN_DIR}"
 print(f"{len(runs)} run(s) under {RUN_DIR}")
@@ -175,9 +173,9 @@ fig.tight_layout()
 # %% [markdown]
 # ## 3-5. From the checkpoints
 #
-# Each checkpoint is re-loaded with `evaluation.loading.load_trained` (model and data module from the checkpoint's
+# Each checkpoint is re-loaded with `measuring.loading.load_trained` (model and data module from the checkpoint's
 # own hyper-parameters; the frozen target from its recorded path) and evaluated on validation blocks
-# (`evaluation.validation_blocks.collect_blocks`, the deterministic blocks of the validation metrics) and on the data
+# (`measuring.validation_blocks.collect_blocks`, the deterministic blocks of the validation metrics) and on the data
 # module's eval prompts.
 
 # %%
@@ -194,7 +192,7 @@ for info in [info for info in infos if info["ckpt"] is not None][:MAX_RUNS]:
 #
 # Reliability of the prefix survival `a_n = c_0 ··· c_n` against the observed prefix acceptance, on half of the
 # blocks, before and after sequential temperature scaling fitted on the other half
-# (`evaluation.calibration_stats.heldout_calibration`).
+# (`measuring.calibration.heldout_calibration`).
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)

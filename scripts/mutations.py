@@ -25,8 +25,8 @@ class Mutation:
 
 D = "dspark_lightning/"
 VERIFY = ("tests/unit/decoding/test_verify.py",)
-STATS = ("tests/unit/decoding/test_stats.py", "tests/unit/eval_sets/test_eval_report.py")
-INTERVALS = ("tests/unit/decoding/test_intervals.py", "tests/unit/eval_sets/test_eval_report.py")
+STATS = ("tests/unit/decoding/test_stats.py", "tests/unit/measuring/test_eval_report.py")
+INTERVALS = ("tests/unit/measuring/test_intervals.py", "tests/unit/measuring/test_eval_report.py")
 WEIGHTS = ("tests/unit/losses/test_loss_weights.py", "tests/unit/losses/test_losses.py")
 LOSSES = ("tests/unit/losses/test_masked_rows.py", "tests/unit/losses/test_losses.py")
 TEACHER = ("tests/unit/models/test_teacher.py",)
@@ -45,12 +45,12 @@ SPLITS = (
     "tests/unit/data/test_splits.py",
     "tests/unit/data/test_data_datamodule.py::test_split_by_id_carves_disjoint_splits_out_of_one_source",
 )
-PROMPTS = ("tests/unit/data/test_prompts.py", "tests/unit/eval_sets/test_eval_sets.py")
+PROMPTS = ("tests/unit/data/test_prompts.py", "tests/unit/measuring/test_eval_sets.py")
 CACHE_INDEX = ("tests/unit/data/test_cache_index.py",)
 RANKS = ("tests/unit/data/test_splits.py",)
 ANCHORS = ("tests/unit/models/test_anchors.py",)
 PREFLIGHT = ("tests/unit/data/test_preflight.py", "tests/unit/data/test_completion.py")
-REPLAY = ("tests/unit/models/test_error_replay.py", "tests/unit/lightning/test_anchor_options.py")
+REPLAY = ("tests/unit/models/test_error_replay.py", "tests/unit/lightning/test_recipe_choice_options.py")
 
 M = Mutation
 MUTATIONS = [
@@ -80,7 +80,7 @@ MUTATIONS = [
       "return n, int(logits[n - 1].argmax())", "greedy bonus token read from the previous row", VERIFY),
     M("verify-greedy-count", D + "decoding/verify.py", "                return i, token",
       "                return i + 1, token", "greedy counts the rejected draft as accepted", VERIFY),
-    # acceptance and tau counting (decoding/stats.py, eval_sets/summary.py)
+    # acceptance and tau counting (decoding/stats.py, measuring/eval_set_summary.py)
     M("stats-slot-denominator", D + "decoding/stats.py",
       "tried = sum(1 for v, a in zip(self.verified_per_step, self.accepted_per_step) if v > slot and a >= slot)",
       "tried = sum(1 for v in self.verified_per_step if v > slot)",
@@ -98,28 +98,28 @@ MUTATIONS = [
       "a prompt's per-slot counts off by one (a >= k)", STATS),
     M("stats-merge-last-only", D + "decoding/stats.py", "merged.emitted_per_step += run.emitted_per_step",
       "merged.emitted_per_step = run.emitted_per_step", "merging keeps only the last run's emitted tokens", STATS),
-    M("summary-slot-per-prompt", D + "eval_sets/summary.py", "return [count / forwards for count in accepted]",
+    M("summary-slot-per-prompt", D + "measuring/eval_set_summary.py", "return [count / forwards for count in accepted]",
       "return [count / len(records) for count in accepted]",
       "set acceptance per slot divided by prompts instead of verification steps", STATS),
-    M("summary-tau-swapped", D + "eval_sets/summary.py", "measured_tau=_json_float(ratio_of_sums(emitted, forwards))",
+    M("summary-tau-swapped", D + "measuring/eval_set_summary.py", "measured_tau=_json_float(ratio_of_sums(emitted, forwards))",
       "measured_tau=_json_float(ratio_of_sums(forwards, emitted))", "measured tau inverted (swapped ratio)", STATS),
-    M("summary-speedup-swapped", D + "eval_sets/summary.py",
+    M("summary-speedup-swapped", D + "measuring/eval_set_summary.py",
       "speedup = _json_float(ratio_of_sums(baseline, speculative))",
       "speedup = _json_float(ratio_of_sums(speculative, baseline))", "speedup inverted (swapped ratio)", STATS),
-    # intervals (decoding/intervals.py)
-    M("interval-one-sided-tail", D + "decoding/intervals.py", "tail = (1 - confidence) / 2", "tail = 1 - confidence",
+    # intervals (measuring/intervals.py)
+    M("interval-one-sided-tail", D + "measuring/intervals.py", "tail = (1 - confidence) / 2", "tail = 1 - confidence",
       "a 95% interval cut at the 5% and 95% quantiles (90% coverage)", INTERVALS),
-    M("interval-unpaired", D + "decoding/intervals.py",
+    M("interval-unpaired", D + "measuring/intervals.py",
       "numerator[rows].sum(axis=1) / denominator[rows].sum(axis=1)\n",
       "numerator[rows].sum(axis=1) / denominator[rows[::-1]].sum(axis=1)\n",
       "ratio bootstrap resamples numerators and denominators with different draws (pairs broken)", INTERVALS),
-    M("interval-mean-of-ratios", D + "decoding/intervals.py", "return float(numerator.sum() / denominator.sum())",
+    M("interval-mean-of-ratios", D + "measuring/intervals.py", "return float(numerator.sum() / denominator.sum())",
       "return float((numerator / denominator).mean())", "pooled ratio replaced by a mean of per-prompt ratios",
       INTERVALS),
-    M("interval-last-prompt-never-drawn", D + "decoding/intervals.py",
+    M("interval-last-prompt-never-drawn", D + "measuring/intervals.py",
       "generator.integers(0, size, size=", "generator.integers(0, size - 1, size=",
       "bootstrap indices exclude the last prompt (off by one)", INTERVALS),
-    M("interval-difference-denominator", D + "decoding/intervals.py",
+    M("interval-difference-denominator", D + "measuring/intervals.py",
       "- num_b[rows].sum(axis=1) / den_b[rows].sum(axis=1)", "- num_b[rows].sum(axis=1) / den_a[rows].sum(axis=1)",
       "paired difference divides b by a's denominators (stale variable)", INTERVALS),
     # losses and weights (losses/)

@@ -48,7 +48,7 @@ import torch
 
 from dspark_lightning import plotting
 from dspark_lightning.cli import cli_main
-from dspark_lightning.decoding.decode_tables import measured_decoding
+from dspark_lightning.measuring.tables import measured_decoding
 from dspark_lightning.studies.command_lines import shell_command
 from dspark_lightning.studies.quiet_output import quiet_logs
 from dspark_lightning.studies.runs import REPO_ROOT as REPO

@@ -47,8 +47,8 @@ import torch
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.decoding.decode_tables import measured_decoding
-from dspark_lightning.evaluation.validation_blocks import collect_blocks
+from dspark_lightning.measuring.tables import measured_decoding
+from dspark_lightning.measuring.validation_blocks import collect_blocks
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report, pair_scores, selector_decode, sequential_decode
 from dspark_lightning.selector.convert import candidate_selector_scores, from_candidate_selector, to_candidate_selector

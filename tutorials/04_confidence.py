@@ -43,10 +43,9 @@ import torch
 from dspark_lightning import plotting
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.decoding.decode_tables import decode_table
-from dspark_lightning.evaluation.calibration import prefix_quantities
-from dspark_lightning.evaluation.calibration_stats import heldout_calibration
-from dspark_lightning.evaluation.validation_blocks import collect_blocks
+from dspark_lightning.measuring.calibration import heldout_calibration, prefix_quantities
+from dspark_lightning.measuring.tables import decode_table
+from dspark_lightning.measuring.validation_blocks import collect_blocks
 from dspark_lightning.studies.quiet_output import quiet_logs
 from dspark_lightning.studies.runs import demo_fit_args
 
@@ -96,7 +95,7 @@ fig = plotting.per_slot_chart(per_slot, title="confidence head vs acceptance, pe
 # ## Calibration of the prefix survival, before and after temperature scaling
 #
 # `heldout_calibration` fits the per-slot temperatures `T_k` (`c_k = σ(z_k / T_k)`) on half of the blocks with
-# `evaluation.calibration.fit_sequential_temperatures` and measures the prefix-survival ECE on the *other* half,
+# `measuring.calibration.fit_sequential_temperatures` and measures the prefix-survival ECE on the *other* half,
 # before and after (fitting and scoring on the same blocks would flatter the result). The reliability diagram bins the
 # predicted `a_n` and compares each bin's mean with the observed prefix acceptance `α_0 ··· α_n`.
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_lightning.decoding import best_verify_length, measure_verify_cost
+from dspark_lightning.measuring import best_verify_length, measure_verify_cost
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ COLUMNS = ["context", "repeats", "cached_ms", "uncached_ms", "ratio", "cached_mi
 def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length: int):
     """(target, drafter, prompts, description) from a checkpoint, or an untrained drafter for ``target``."""
     if ckpt:
-        from dspark_lightning.evaluation.loading import load_trained
+        from dspark_lightning.measuring.loading import load_trained
 
         module, data = load_trained(ckpt, num_eval_prompts=num_prompts)
         prompts = data.eval_prompts()[:num_prompts]
@@ -67,7 +67,7 @@ def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length:
 
 
 def speedup_rows(target, drafter, prompts, modes, max_new_tokens, log) -> list[dict]:
-    from dspark_lightning.decoding import measure_speedup
+    from dspark_lightning.measuring import measure_speedup
 
     head = drafter.markov_head
     rows = []

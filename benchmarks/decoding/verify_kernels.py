@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from dspark_lightning.decoding import measure_speedup
 from dspark_lightning.decoding.kernels import PackedLinears
+from dspark_lightning.measuring import measure_speedup
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def run(quick=False, out_dir=RESULTS, target=None, ckpt=None, mode="markov", thr
     start = time.perf_counter()
     module = prompts = None
     if ckpt:
-        from dspark_lightning.evaluation.loading import load_trained
+        from dspark_lightning.measuring.loading import load_trained
 
         module, data = load_trained(ckpt, num_eval_prompts=num_prompts)
         prompts = data.eval_prompts()[:num_prompts]

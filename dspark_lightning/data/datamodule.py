@@ -27,6 +27,7 @@ from dspark_lightning.data.sharegpt import Conversation, DataSource, IdSplit, it
 from dspark_lightning.data.stream import PackedConversationStream, open_record_stream, raw_record_from_example
 from dspark_lightning.data.tokenize import ConversationEncoder, resolve_mask_token, resolve_pad_token_id
 from dspark_lightning.errors import OptionError, loading
+from dspark_lightning.shipped import local_or_shipped
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class ShareGPTDataModule(DataReports, L.LightningDataModule):
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            name = str(self.tokenizer_name)
+            name = str(local_or_shipped(self.tokenizer_name))  # assets/demo-target from any directory
             looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1  # a hub id is owner/name
             if looks_local and not os.path.exists(os.path.expanduser(name)):
                 raise FileNotFoundError(

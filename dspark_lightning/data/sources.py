@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dspark_lightning.errors import MissingPackageError
+from dspark_lightning.shipped import local_or_shipped
 
 LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+){0,2}$")
@@ -87,7 +88,7 @@ def _resolve_source(spec: str | Sequence[str], default_split: str) -> DataSource
     hub_specs = []
     for item in specs:
         item = str(item)
-        expanded = package_path(item) if item.startswith(PACKAGE_PREFIX) else os.path.expanduser(item)
+        expanded = package_path(item) if item.startswith(PACKAGE_PREFIX) else os.path.expanduser(local_or_shipped(item))
         if _GLOB_CHARS.search(expanded):
             matches = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
             if not matches:

@@ -88,7 +88,7 @@ def speculative_generate(
     ``target`` is a ``FrozenTarget`` or a Hugging Face causal LM (then ``drafter.config.target_layer_ids`` says
     which layers feed the drafter). ``eos_token_id`` defaults to the target's generation config.
     ``drafter_cache=False`` recomputes the drafter's context projections over the whole prefix at every step.
-    ``record_blocks`` keeps each step's anchor position and drafted tokens in the stats (``decoding.identity``
+    ``record_blocks`` keeps each step's anchor position and drafted tokens in the stats (``measuring.identity``
     replays them teacher-forced); off by default because listing the drafted tokens costs a copy per step.
     ``packed_verify`` runs the verify forwards' decoder linears on oneDNN-packed weights (``decoding.kernels``:
     float32 CPU targets; faster at 2-17 rows on AVX2, one more copy of the decoder weights in memory).

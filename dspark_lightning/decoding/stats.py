@@ -164,7 +164,7 @@ class PromptDecodeRecord:
     ``accepted_per_slot[k]``: in how many of this prompt's verification steps drafted slot ``k`` was accepted.
     ``baseline_seconds`` / ``speculative_seconds``: wall time of the target's own greedy generate and of speculative
     decoding on this prompt (both or neither). ``outputs_equal``: whether the two outputs were equal token for
-    token (None: not compared); ``output_tie``: they differed by a float tie only (``decoding.ties``), which
+    token (None: not compared); ``output_tie``: they differed by a float tie only (``measuring.ties``), which
     ``outputs_equal`` counts as equal. ``packed_generate_seconds``: the target's greedy generate on the packed kernels the
     speculative run verified with (``measure_speedup(packed_verify=True)``), else None.
     """

@@ -34,6 +34,7 @@ from dspark_lightning.lightning.run_dirs import (
     remove_unstarted_run_directories,
     versioned_local_loggers,
 )
+from dspark_lightning.shipped import config_path
 
 LIGHTNING_COMMANDS = {
     "fit": "train a drafter (LightningCLI: --config YAML, --model.*, --data.*, --trainer.*)",
@@ -220,13 +221,26 @@ def wants_help(argv: Sequence[str]) -> bool:
     )
 
 
+def shipped_configs(argv: list[str]) -> list[str]:
+    """``--config`` values resolved by ``shipped.config_path``: a bare name (``quickstart``, ``heads/gated``) is the
+    shipped config, and ``configs/...`` not found from here is the shipped file, so the commands work outside the
+    checkout."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = config_path(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + config_path(arg.split("=", 1)[1])
+    return out
+
+
 def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: str | None = None) -> DSparkCLI:
     """``fit`` / ``validate`` / ``test`` (``args`` as on the command line, default ``sys.argv[1:]``); the CLI object.
 
     ``run=False`` parses and builds the model, data module and trainer without running a subcommand (no subcommand
     word in ``args`` then).
     """
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = shipped_configs(sys.argv[1:] if args is None else list(args))
     # the config groups document each field by a string under it (lightning/config.py): show those in --help. Reading
     # them parses the source of every class on the command line (the Trainer's too) for each subcommand, about 1.5 s a
     # call, and only help text uses them, so only a call that prints help reads them.
@@ -234,7 +248,7 @@ def lightning_main(args: Sequence[str] | None = None, run: bool = True, epilog: 
     return DSparkCLI(
         DSparkModule,
         ShareGPTDataModule,
-        args=None if args is None else argv,
+        args=argv,
         run=run,
         trainer_class=Trainer,  # Lightning's, with precision "auto" (lightning/precision.py)
         seed_everything_default=0,

@@ -67,7 +67,7 @@ class MuonAdamW(torch.optim.Optimizer):
     (speculators' default recipe: Muon at about 10x the AdamW learning rate).
 
     Takes ``named_parameters()`` (``DSparkModule.configure_optimizers`` passes them); ``param_groups`` are the two
-    inner optimizers' groups, so an LR scheduler scales both. ``configs/anchors/muon.yaml`` selects it.
+    inner optimizers' groups, so an LR scheduler scales both. ``configs/recipe_choices/muon.yaml`` selects it.
     ``newton_schulz_dtype``: the dtype of Muon's orthogonalization; ``auto`` is torch's bfloat16 on a GPU or a CPU with
     AMX-BF16 / AVX512-BF16, float32 elsewhere (:func:`newton_schulz_float32`)."""
 

@@ -51,34 +51,34 @@ class AnchorCoverage(torchmetrics.Metric):
         return self.covered.float() / self.supervised.clamp(min=1).float()
 
 
-def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSparkDrafter) -> StepOutput:
-    """Losses and per-slot acceptance of one drafter forward ``out`` under the loss options ``hp``.
+def step_output(out: DrafterOutput, loss_args: LossArgs, loss_spec: dict, drafter: DSparkDrafter) -> StepOutput:
+    """Losses and per-slot acceptance of one drafter forward ``out`` under the loss options ``loss_args``.
 
     The compound loss (chunked, analytic gradient) + ``confidence_alpha`` x the confidence BCE on the detached
     acceptance + ``candidate_weight`` x the Selector candidate loss; per-slot outputs keep the trained slots
     (``DrafterConfig.trained_slots``).
     """
-    B = drafter.config.block_size
-    Nb = out.logits.shape[0] * out.logits.shape[1]
+    block_size = drafter.config.block_size
+    num_blocks = out.logits.shape[0] * out.logits.shape[1]
     weights = position_weights(
-        B,
-        position_weighting=hp.position_weighting,
-        gamma=hp.gamma,
+        block_size,
+        position_weighting=loss_args.position_weighting,
+        gamma=loss_args.gamma,
         sample_from_anchor=drafter.config.sample_from_anchor,
         device=out.logits.device,
     )
-    valid = out.slot_valid.view(Nb, B)
+    valid = out.slot_valid.view(num_blocks, block_size)
     loss_out = compound_loss(
-        out.logits.reshape(Nb, B, -1),
+        out.logits.reshape(num_blocks, block_size, -1),
         out.teacher_table,
         weights,
         valid,
         loss_spec,
-        hp.chunk_size,
-        position_weighting=hp.position_weighting,
-        block_size=B,
-        lk_eta=hp.lk_eta,
-        nla_alpha_min=hp.nla_alpha_min,
+        loss_args.chunk_size,
+        position_weighting=loss_args.position_weighting,
+        block_size=block_size,
+        lk_eta=loss_args.lk_eta,
+        nla_alpha_min=loss_args.nla_alpha_min,
         teacher_rows=out.teacher_rows,
     )
     total = loss_out.loss
@@ -86,16 +86,18 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
     # draft vocabulary, the argmax of the draft-vocab teacher is merely the best draft token)
     vocab = drafter.draft_vocab
     draft_argmax = loss_out.draft_argmax if vocab is None else vocab.to_target(loss_out.draft_argmax)
-    greedy_match = (draft_argmax == out.teacher_argmax.reshape(Nb, B)).view(loss_out.greedy_match.shape)
+    greedy_match = (draft_argmax == out.teacher_argmax.reshape(num_blocks, block_size)).view(
+        loss_out.greedy_match.shape
+    )
     losses = {f"loss_{name}": value for name, value in loss_out.components.items()}
     confidence = None
     if out.confidence_logits is not None:
-        conf_logits = out.confidence_logits.reshape(Nb, B)
+        conf_logits = out.confidence_logits.reshape(num_blocks, block_size)
         conf = confidence_loss(conf_logits, loss_out.alpha, loss_out.weights, valid)
-        total = total + hp.confidence_alpha * conf
+        total = total + loss_args.confidence_alpha * conf
         losses["loss_confidence"] = conf.detach()
         confidence = torch.sigmoid(conf_logits.detach().float())
-    if hp.candidate_weight > 0:
+    if loss_args.candidate_weight > 0:
         vocab, target_ids = drafter.draft_vocab, out.target_tokens.flatten(0, 1)
         cand, recall = candidate_loss(
             out.base_logits.flatten(0, 1),
@@ -103,13 +105,13 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
             out.prev_tokens.flatten(0, 1),
             out.hidden.flatten(0, 1),
             target_ids if vocab is None else vocab.to_draft(target_ids),
-            hp.candidate_k,
+            loss_args.candidate_k,
             valid,
-            rule=hp.candidate_rule,
+            rule=loss_args.candidate_rule,
         )
-        total = total + hp.candidate_weight * cand
+        total = total + loss_args.candidate_weight * cand
         losses["loss_candidate"] = cand.detach()
-        losses[f"candidate_recall@{hp.candidate_k}"] = recall.recall.detach().float()
+        losses[f"candidate_recall@{loss_args.candidate_k}"] = recall.recall.detach().float()
     losses["loss"] = total.detach()
     view = lambda t: None if t is None else drafter.config.trained_slots(t)  # noqa: E731
     return StepOutput(
@@ -124,7 +126,7 @@ def step_output(out: DrafterOutput, hp: LossArgs, loss_spec: dict, drafter: DSpa
 
 
 def flatten_metrics(values: dict[str, torch.Tensor], stage: str) -> dict[str, float]:
-    """``acceptance/accept_rate_per_slot`` [B] -> ``val/accept_rate/slot_0`` ...; scalars -> ``val/tau`` ..."""
+    """``acceptance/accept_rate_per_slot`` [block_size] -> ``val/accept_rate/slot_0`` ...; scalars -> ``val/tau`` ..."""
     flat: dict[str, float] = {}
     for key, value in values.items():
         group, name = key.split("/", 1)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_lightning.errors import OptionError
-from dspark_lightning.models.anchors import Anchors  # noqa: F401 - decoding/identity.py still imports it from here
+from dspark_lightning.models.anchors import Anchors  # noqa: F401 - measuring/identity.py still imports it from here
 from dspark_lightning.models.attention import ATTENTION_BACKENDS, DraftAttention, RMSNorm
 
 

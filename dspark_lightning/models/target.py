@@ -19,6 +19,7 @@ from dspark_lightning.models.architectures import (
     check_target_supported,
 )
 from dspark_lightning.models.backbone import default_target_layer_ids
+from dspark_lightning.shipped import local_or_shipped
 
 
 @dataclass
@@ -103,6 +104,7 @@ class FrozenTarget(nn.Module):
         are read."""
         from transformers import AutoConfig
 
+        name_or_path = local_or_shipped(name_or_path)  # the quickstart's assets/demo-target from any directory
         with loading("target", name_or_path):
             check_config_supported(AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code))
         model = load_causal_lm(name_or_path, dtype, trust_remote_code)

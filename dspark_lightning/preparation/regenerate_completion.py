@@ -15,7 +15,7 @@ from dspark_lightning.data.completion import CompletionEncoder, completion_id, f
 from dspark_lightning.data.formats import DATA_FORMATS, has_chat_template
 from dspark_lightning.data.records import RawRecord
 from dspark_lightning.data.sharegpt import DataFormatError, InvalidRecord, conversation_id, to_conversation
-from dspark_lightning.eval_sets.sets import HUMANEVAL_CHAT_FORMAT
+from dspark_lightning.measuring.eval_sets import HUMANEVAL_CHAT_FORMAT
 from dspark_lightning.preparation.greedy import eos_token_ids, greedy_new_tokens, pad_token_id
 
 logger = logging.getLogger(__name__)

@@ -18,16 +18,16 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.errors import OptionError
-from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS
-from dspark_lightning.eval_sets.sets import EvalSetName, check_eval_sets
 from dspark_lightning.machine import machine_description
+from dspark_lightning.measuring.eval_set_tables import DEFAULT_MAX_NEW_TOKENS
+from dspark_lightning.measuring.eval_sets import EvalSetName, check_eval_sets
+from dspark_lightning.shipped import SHIPPED_ROOT
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.loss_study_results import aggregate, markdown_report, plot_study, rerender_study
 from dspark_lightning.studies.quiet_output import quieted
 from dspark_lightning.studies.recipes import Recipe, load_recipe, repo_relative
 from dspark_lightning.studies.report import Budget, train_and_evaluate
 from dspark_lightning.studies.report_recipe import eval_set_rows, evaluate_head, fit_head
-from dspark_lightning.studies.runs import REPO_ROOT
 from dspark_lightning.studies.table_cells import format_number
 
 LOSS_CONFIGS = {  # label -> configs/losses/<file>.yaml
@@ -68,7 +68,7 @@ def loss_fit_args(loss: str, seed: int, dpace: bool = False) -> list[str]:
     if loss not in LOSS_CONFIGS:
         raise OptionError(f"--losses: unknown loss {loss!r} for the study; choose from {', '.join(LOSS_CONFIGS)}")
     args = [
-        f"--config={REPO_ROOT / 'configs/losses' / LOSS_CONFIGS[loss]}.yaml",
+        f"--config={SHIPPED_ROOT / 'configs/losses' / LOSS_CONFIGS[loss]}.yaml",
         f"--seed_everything={seed}",
         f"--model.training.seed={seed}",
         f"--data.seed={seed}",

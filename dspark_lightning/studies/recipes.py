@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from dspark_lightning.studies.runs import REPO_ROOT
+from dspark_lightning.shipped import SHIPPED_ROOT
 
-RECIPE_DIR = REPO_ROOT / "configs/recipes"
+RECIPE_DIR = SHIPPED_ROOT / "configs/recipes"
 HEADS = ("none", "vanilla", "gated", "rnn", "selector")  # configs/heads/<head>.yaml, in report order
 
 
@@ -42,17 +42,17 @@ class Recipe:
         args = ["--config", str(repo_path(self.fit_config))]
         if head == self.default_head:
             return args
-        return [*args, "--config", str(REPO_ROOT / f"configs/heads/{head}.yaml")]
+        return [*args, "--config", str(SHIPPED_ROOT / f"configs/heads/{head}.yaml")]
 
 
 def repo_path(path: str | Path) -> Path:
-    """``path`` itself when absolute, else relative to the repository root."""
-    return Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+    """``path`` itself when absolute, else relative to the shipped configs and assets (``shipped.py``)."""
+    return Path(path) if Path(path).is_absolute() else SHIPPED_ROOT / path
 
 
 def repo_relative(path: Path) -> Path:
-    """``path`` relative to the repository root when it lies inside it (what results files record), else as is."""
-    return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    """``path`` relative to the shipped configs and assets when it lies inside them (what results files record), else as is."""
+    return path.relative_to(SHIPPED_ROOT) if path.is_relative_to(SHIPPED_ROOT) else path
 
 
 def recipe_path(recipe: str | Path) -> Path:

@@ -20,8 +20,8 @@ from jsonargparse.typing import PositiveInt
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.lightning.fit import lightning_main
 from dspark_lightning.machine import machine_description, machine_line
+from dspark_lightning.measuring.head_measurements import evaluate_variant
 from dspark_lightning.studies.command_lines import command_line
-from dspark_lightning.studies.head_measurements import evaluate_variant
 from dspark_lightning.studies.quiet_output import quieted
 from dspark_lightning.studies.report_charts import plot_results
 from dspark_lightning.studies.runs import demo_fit_args

@@ -18,16 +18,16 @@ import torch
 from jsonargparse.typing import PositiveInt
 
 from dspark_lightning.checks import dumps_json, read_checkpoint
-from dspark_lightning.decoding import measure_speedup, measure_verify_cost
 from dspark_lightning.errors import OptionError
-from dspark_lightning.eval_sets.measure import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
-from dspark_lightning.eval_sets.sets import EvalSetName
-from dspark_lightning.evaluation.loading import in_dtype
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.lightning.fit import lightning_main
 from dspark_lightning.machine import machine_description, machine_line
+from dspark_lightning.measuring import measure_speedup, measure_verify_cost
+from dspark_lightning.measuring.eval_set_tables import DEFAULT_MAX_NEW_TOKENS, measure_eval_sets
+from dspark_lightning.measuring.eval_sets import EvalSetName
+from dspark_lightning.measuring.head_measurements import evaluate_variant
+from dspark_lightning.measuring.loading import in_dtype
 from dspark_lightning.studies.command_lines import command_line
-from dspark_lightning.studies.head_measurements import evaluate_variant
 from dspark_lightning.studies.quiet_output import quieted
 from dspark_lightning.studies.recipes import HEADS, Recipe, load_recipe
 from dspark_lightning.studies.report_charts import plot_results

@@ -1,7 +1,7 @@
 """Where studies' runs come from and go: the checkout, the demo's ``fit`` arguments, finding and naming run directories.
 
-Every path handed to the CLI is absolute (``REPO_ROOT`` is the checkout the package is installed from, an editable
-install), so notebooks work from any working directory and never write into the repository unless told to; the demo
+Every path handed to the CLI is absolute (the shipped configs and demo assets: ``shipped.py``, in a checkout or a
+wheel), so notebooks work from any working directory and never write into the repository unless told to; the demo
 budget defaults (sequence length 128, 4 rows, 16 anchors) are the ones that learn visibly in a few hundred CPU steps.
 """
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 from dspark_lightning.lightning.config import migrate_hparams
 from dspark_lightning.models.markov import MarkovHeadConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from dspark_lightning.shipped import SHIPPED_ROOT
 
 
 def demo_fit_args(
@@ -62,7 +61,7 @@ def demo_fit_args(
     ]
     if progress_bar:
         callbacks.insert(0, {"class_path": "lightning.pytorch.callbacks.TQDMProgressBar"})
-    root = REPO_ROOT
+    root = SHIPPED_ROOT
     return [
         f"--config={root / 'configs/quickstart.yaml'}",
         f"--config={root / 'configs/heads' / head}.yaml",

@@ -2,7 +2,7 @@
 # Issue 43's Draft-OPD-style stage on SmolLM2-135M-Instruct: the vanilla bf16 drafter trained an hour
 # (experiments/smollm2_bf16, combined_bf16_long) continues for STAGE_S seconds two ways, each from the same weights with
 # a fresh AdamW at STAGE_LR (40 warm-up steps, then cosine): on the text as before (combined_stage_sft) and on
-# draft-induced states (combined_stage_opd: configs/anchors/draft_opd.yaml, error-position replay and the Markov head on
+# draft-induced states (combined_stage_opd: configs/recipe_choices/draft_opd.yaml, error-position replay and the Markov head on
 # its own choices). Then both are measured on the same prompts and paired. Run from the repository root:
 #   bash experiments/smollm2_draft_opd/run.sh train sft|opd      # STAGE_S (900) seconds of training each
 #   bash experiments/smollm2_draft_opd/run.sh train opd_equal_steps   # the OPD stage for the SFT stage's steps

@@ -21,8 +21,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 from dspark_lightning.machine import machine_line
+from dspark_lightning.measuring.intervals import ratio_difference_bootstrap_ci
 
 BASE = "base"  # --base: the run every other one is paired with
 # the base recipe's measured-tau trend per 10x training tokens, fitted by the earlier study on the same target

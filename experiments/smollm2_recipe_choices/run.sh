@@ -38,7 +38,7 @@ DATA=${DATA:-"[cache/smollm2_951/train,cache/smollm2_952_1284/train]"}
 overlay() {  # the one change each choice makes to the base (the study's `anchors128`, its best one-change point)
   case "$1" in
     base) ;;
-    muon|feature_noise|full_vocab|block16|draft_opd) echo "--config configs/anchors/$1.yaml" ;;
+    muon|feature_noise|full_vocab|block16|draft_opd) echo "--config configs/recipe_choices/$1.yaml" ;;
     vanilla) echo "--config configs/heads/vanilla.yaml" ;;  # the Markov head vLLM's DSpark serves today
     combined*) for c in ${COMBINED:?combined: set COMBINED to the choices to combine, e.g. COMBINED=\"muon feature_noise\"}; do
         overlay "$c"; done ;;

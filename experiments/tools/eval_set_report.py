@@ -19,8 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
 from dspark_lightning.machine import machine_description
+from dspark_lightning.measuring.intervals import ratio_difference_bootstrap_ci
 
 KEYS = (
     "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",

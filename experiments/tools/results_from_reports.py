@@ -4,7 +4,7 @@
     python experiments/tools/results_from_reports.py --check   # exit 1, naming it, if a committed file differs
 
 Some README figures were only ever written as markdown by the code that measured them: the train/serve gap
-tables (``decode --check_identity true --gap_table FILE``, rendered by ``decoding/gap.py: gap_markdown``) and the
+tables (``decode --check_identity true --gap_table FILE``, rendered by ``measuring/gap.py: gap_markdown``) and the
 extrapolated tables of ``benchmarks/memory/anchors_per_gpu.py``. This script parses those committed files and
 writes, next to each, the raw file ``tests/repo/test_doc_numbers.py`` checks the pages against:
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from dspark_lightning.decoding.intervals import ratio_difference_bootstrap_ci
+from dspark_lightning.measuring.intervals import ratio_difference_bootstrap_ci
 
 SETTINGS = ("num_layers", "max_anchors", "lr", "conversations", "max_steps")  # what tells two runs' configs apart
 TARGETS = {"sharegpt_heldout": 2.0, "humaneval": 2.5}  # issue #28's measured-tau targets per eval set

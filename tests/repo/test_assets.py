@@ -141,7 +141,7 @@ def test_the_smollm2_code_replies_answer_training_code_prompts_and_never_a_human
     # regenerated-code: SmolLM2's replies to the code prompts of training conversations asked as HumanEval asks
     # (regenerate --format chat --prompts '[code]'); none may be a HumanEval problem, which is an eval set
     from dspark_lightning.data.splits import IdSplit
-    from dspark_lightning.eval_sets.sets import HUMANEVAL_CHAT_FORMAT, humaneval_path, read_humaneval
+    from dspark_lightning.measuring.eval_sets import HUMANEVAL_CHAT_FORMAT, humaneval_path, read_humaneval
 
     records = records_of([ASSETS / "smollm2" / "regenerated-code" / "train-00000.jsonl"])
     assert len(records) == 300 and len({r["id"] for r in records}) == 300

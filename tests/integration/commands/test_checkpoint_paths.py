@@ -11,8 +11,8 @@ from helpers.hostile import TARGET, TRAIN, VAL, fit_args
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import LoadError
-from dspark_lightning.evaluation.loading import load_trained
 from dspark_lightning.lightning.frozen_state import WORKING_DIRECTORY
+from dspark_lightning.measuring.loading import load_trained
 
 
 @pytest.fixture(scope="module")

@@ -76,8 +76,8 @@ def test_fit_on_completion_records_saves_the_chosen_format_with_the_run(tmp_path
     checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["datamodule_hyper_parameters"]["format"] == "completion"  # what decode rebuilds the data with
 
-    from dspark_lightning.eval_sets.sets import datamodule_prompt_ids, load_eval_set
-    from dspark_lightning.evaluation.loading import load_trained
+    from dspark_lightning.measuring.eval_sets import datamodule_prompt_ids, load_eval_set
+    from dspark_lightning.measuring.loading import load_trained
 
     _, data = load_trained(str(run / "checkpoints/last.ckpt"))
     tokenizer = AutoTokenizer.from_pretrained(target)

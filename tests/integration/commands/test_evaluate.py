@@ -14,8 +14,8 @@ from helpers.quickstart import quickstart_fit_args
 from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
-from dspark_lightning.evaluation.loading import load_trained
 from dspark_lightning.machine import machine_description
+from dspark_lightning.measuring.loading import load_trained
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_a_checkpoint_that_does_not_match_its_hyper_parameters_is_a_clear_error(
 
 
 def test_decode_json_keeps_the_rows_finished_before_a_stop(trained_checkpoint, tmp_path, monkeypatch):
-    from dspark_lightning.decoding import decode_tables
+    from dspark_lightning.measuring import tables as decode_tables
 
     measured, real = [], decode_tables._untimed_row
 

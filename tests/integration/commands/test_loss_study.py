@@ -9,10 +9,10 @@ import pytest
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
-from dspark_lightning.eval_sets import sets as eval_sets
-from dspark_lightning.eval_sets.sets import EvalSetError
+from dspark_lightning.measuring import eval_sets
+from dspark_lightning.measuring.eval_sets import EvalSetError
+from dspark_lightning.shipped import SHIPPED_ROOT
 from dspark_lightning.studies import loss_study, loss_study_results
-from dspark_lightning.studies.runs import REPO_ROOT
 
 
 def test_tiny_study_writes_every_file_with_finite_numbers(tmp_path):
@@ -104,7 +104,7 @@ def test_loss_configs_compose_and_bad_options_name_themselves(capsys):
     from dspark_lightning.lightning.config import LossArgs, TargetArgs
     from dspark_lightning.lightning.module import DSparkModule
 
-    root = REPO_ROOT
+    root = SHIPPED_ROOT
     with pytest.raises(SystemExit):
         cli_main(["fit", f"--config={root}/configs/quickstart.yaml", f"--config={root}/configs/losses/lk_hybrid.yaml",
                   "--model.loss.lk_eta=1.5", "--print_config"])  # fmt: skip

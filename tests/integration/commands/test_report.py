@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from dspark_lightning.cli import cli_main
-from dspark_lightning.evaluation.calibration import expected_calibration_error
-from dspark_lightning.evaluation.calibration_stats import reliability_bins
+from dspark_lightning.measuring.calibration import expected_calibration_error, reliability_bins
+from dspark_lightning.shipped import SHIPPED_ROOT
 from dspark_lightning.studies import report
 from dspark_lightning.studies.command_lines import shell_command
 from dspark_lightning.studies.recipes import load_recipe
-from dspark_lightning.studies.runs import REPO_ROOT, find_runs, run_label
+from dspark_lightning.studies.runs import find_runs, run_label
 
 
 def test_tiny_report_writes_everything(tmp_path):
@@ -131,12 +131,17 @@ def test_recipes_load_by_name_or_path_and_name_their_errors(tmp_path):
     assert (
         by_name
         == load_recipe("configs/recipes/smollm2.yaml")
-        == load_recipe(REPO_ROOT / "configs/recipes/smollm2.yaml")
+        == load_recipe(SHIPPED_ROOT / "configs/recipes/smollm2.yaml")
     )
-    assert by_name.fit_configs("vanilla") == ["--config", str(REPO_ROOT / by_name.fit_config)]  # the config's own head
-    assert by_name.fit_configs("gated")[-1] == str(REPO_ROOT / "configs/heads/gated.yaml")
+    assert by_name.fit_configs("vanilla") == [
+        "--config",
+        str(SHIPPED_ROOT / by_name.fit_config),
+    ]  # the config's own head
+    assert by_name.fit_configs("gated")[-1] == str(SHIPPED_ROOT / "configs/heads/gated.yaml")
     other = tmp_path / "other.yaml"
-    other.write_text((REPO_ROOT / "configs/recipes/smollm2.yaml").read_text().replace("name: smollm2", "name: other"))
+    other.write_text(
+        (SHIPPED_ROOT / "configs/recipes/smollm2.yaml").read_text().replace("name: smollm2", "name: other")
+    )
     assert load_recipe(other).name == "other"  # a second target is one more file
     other.write_text(other.read_text() + "extra: 1\n")
     with pytest.raises(ValueError, match=r"unknown keys \['extra'\]"):

@@ -328,8 +328,8 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_pa
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before the output path was checked")
 
-    monkeypatch.setattr("dspark_lightning.evaluation.decode.load_trained", never)
-    monkeypatch.setattr("dspark_lightning.evaluation.calibrate.load_trained", never)
+    monkeypatch.setattr("dspark_lightning.measuring.decode.load_trained", never)
+    monkeypatch.setattr("dspark_lightning.measuring.calibrate.load_trained", never)
     with pytest.raises(OptionError, match=r"--json .*a-file/rows\.json': cannot create its folder .*a-file'"):
         cli_main(["decode", "--ckpt_path=unused.ckpt", f"--json={blocker / 'rows.json'}"])
     with pytest.raises(OptionError, match=r"--gap_table .* is a directory; expected a file path"):

@@ -22,7 +22,7 @@ from dspark_lightning.lightning.callbacks import CalibrationDiagram, ValidationS
 from dspark_lightning.models import MarkovHead
 from dspark_lightning.selector import equivalence_report
 
-DECODING = "dspark_lightning.lightning.callbacks.SpeculativeDecodingCallback"
+DECODING = "dspark_lightning.measuring.callback.SpeculativeDecodingCallback"
 
 
 def test_decode_gap_is_this_validations_tau_minus_the_measured_tau(tmp_path, capsys):

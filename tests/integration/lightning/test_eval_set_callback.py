@@ -22,14 +22,15 @@ from helpers.quickstart import quickstart_fit_args
 
 from dspark_lightning.cli import cli_main
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.decoding.intervals import ratio_bootstrap_ci
 from dspark_lightning.errors import OptionError
-from dspark_lightning.eval_sets import sets as eval_sets
-from dspark_lightning.eval_sets.sets import EvalSetError, load_eval_set, prompt_token_ids
-from dspark_lightning.eval_sets.training import decode_eval_set
-from dspark_lightning.lightning.callbacks import SpeculativeDecodingCallback, ValidationSummary
+from dspark_lightning.lightning.callbacks import ValidationSummary
+from dspark_lightning.measuring import eval_sets
+from dspark_lightning.measuring.callback import SpeculativeDecodingCallback
+from dspark_lightning.measuring.eval_sets import EvalSetError, load_eval_set, prompt_token_ids
+from dspark_lightning.measuring.in_training import decode_eval_set
+from dspark_lightning.measuring.intervals import ratio_bootstrap_ci
 
-DECODING = "dspark_lightning.lightning.callbacks.SpeculativeDecodingCallback"
+DECODING = "dspark_lightning.measuring.callback.SpeculativeDecodingCallback"
 VAL = ROOT / "assets/data/sharegpt/validation-00000.jsonl"
 MAX_NEW_TOKENS = 12
 

@@ -1,4 +1,4 @@
-"""``fit`` with configs/anchors/muon.yaml: Lightning steps, schedules and checkpoints the Muon + AdamW optimizer."""
+"""``fit`` with configs/recipe_choices/muon.yaml: Lightning steps, schedules and checkpoints the Muon + AdamW optimizer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from dspark_lightning.cli import cli_main
 
 
 def test_fit_with_muon_steps_and_its_checkpoint_holds_both_optimizers(tmp_path):
-    cli = cli_main(["fit", *fit_args(tmp_path, steps=2, extra=("--config", str(ROOT / "configs/anchors/muon.yaml")))])
+    cli = cli_main(
+        ["fit", *fit_args(tmp_path, steps=2, extra=("--config", str(ROOT / "configs/recipe_choices/muon.yaml")))]
+    )
     assert cli.trainer.global_step == 2
     checkpoint = torch.load(tmp_path / "run/version_0/checkpoints/last.ckpt", weights_only=True)
     (state,) = checkpoint["optimizer_states"]

@@ -30,7 +30,7 @@ START_S = 600  # from the launch to the decode's start line (loading, 4 training
 
 def test_sigterm_during_the_decoding_callback_stops_the_fit_between_prompts(tmp_path):
     decode = {
-        "class_path": "dspark_lightning.lightning.callbacks.SpeculativeDecodingCallback",
+        "class_path": "dspark_lightning.measuring.callback.SpeculativeDecodingCallback",
         "init_args": {"modes": ["parallel", "markov", "selector"], "num_prompts": 48, "max_new_tokens": 512},
     }
     checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}}

@@ -12,7 +12,8 @@ from helpers.drafters import decode_cached_and_uncached, random_gated_drafter
 from helpers.targets import bigram_setup
 
 import dspark_lightning.decoding.stats as stats_module
-from dspark_lightning.decoding import DecodeStats, best_verify_length, measure_speedup, speculative_generate
+from dspark_lightning.decoding import DecodeStats, speculative_generate
+from dspark_lightning.measuring import best_verify_length, measure_speedup
 
 
 def context_dependent_bigram(noise: float = 0.7):
@@ -178,7 +179,7 @@ def test_measure_speedup_checks_outputs_against_generate():
     assert result["tau"] > 1.5  # the oracle-like drafter is accepted often
 
     # a drafter that is not lossless (a broken verifier) is reported, loudly
-    import dspark_lightning.decoding.speedup as speedup
+    import dspark_lightning.measuring.speedup as speedup
 
     original = speedup.speculative_generate
 

@@ -32,7 +32,7 @@ def test_qwen3_next_decodes_equal_to_generate(mode):
 def test_the_identity_check_text_of_a_hybrid_target_is_its_greedy_generate():
     """``greedy_continuation`` (what fit's validation decode checks against) builds generate's cache layout: a bare
     DynamicCache has no linear-attention layers and Qwen3-Next crashed there (IndexError) at the first validation."""
-    from dspark_lightning.decoding.identity import greedy_continuation
+    from dspark_lightning.measuring.identity import greedy_continuation
 
     model = make_tiny_qwen3_next()
     prompt = [1, 5, 9, 3, 7, 2]

@@ -10,10 +10,11 @@ import torch
 from helpers.targets import greedy_reference, make_tiny_qwen3
 from torch import nn
 
-import dspark_lightning.decoding.cost as cost_module
-from dspark_lightning.decoding import measure_verify_cost, speculative_generate
+import dspark_lightning.measuring.cost as cost_module
+from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.decoding.kernels import PackedLinears, packed_kernels_available
 from dspark_lightning.decoding.target_forwards import TargetForwards
+from dspark_lightning.measuring import measure_verify_cost
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 pytestmark = pytest.mark.skipif(not packed_kernels_available(), reason="this torch build has no oneDNN packed linear")

@@ -18,9 +18,9 @@ from helpers.law import law_pvalue
 from helpers.targets import GEMMA3_MASK_ID, greedy_reference, make_tiny_gemma3
 
 from dspark_lightning.decoding import speculative_generate
-from dspark_lightning.decoding.identity import check_identity
 from dspark_lightning.decoding.target_cache import TargetCache
 from dspark_lightning.decoding.target_forwards import TargetForwards
+from dspark_lightning.measuring.identity import check_identity
 from dspark_lightning.models import DrafterConfig, DSparkDrafter, FrozenTarget, MarkovHeadConfig
 
 WINDOW = 8
@@ -241,7 +241,7 @@ def memorising_drafter(target, text: list[int], block_size: int = 4) -> DSparkDr
 
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_training_forward_reproduces_greedy_decoding(gemma, block_size):
-    """The train/serve identity (``decoding.identity``) on the sliding-window target: the training forward over the
+    """The train/serve identity (``measuring.identity``) on the sliding-window target: the training forward over the
     whole text, anchored where the decode anchored, drafts the decode's blocks and reaches its tau."""
     _, target, prompt, text = gemma
     drafter = memorising_drafter(target, text, block_size)

@@ -16,7 +16,7 @@ from dspark_lightning.data.completion import CompletionEncoder, first_turn_promp
 from dspark_lightning.data.sharegpt import DataFormatError
 from dspark_lightning.data.splits import IdSplit
 from dspark_lightning.errors import OptionError
-from dspark_lightning.eval_sets.sets import HUMANEVAL_CHAT_FORMAT
+from dspark_lightning.measuring.eval_sets import HUMANEVAL_CHAT_FORMAT
 from dspark_lightning.preparation.regenerate import regenerate
 from dspark_lightning.preparation.regenerate_completion import code_prompt
 

@@ -1,0 +1,273 @@
+"""Wall-clock speedup of greedy speculative decoding over the target's own greedy ``generate``, same process."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict
+
+import torch
+
+from dspark_lightning.decoding.kernels import PackedLinears
+from dspark_lightning.decoding.loop import speculative_generate
+from dspark_lightning.decoding.stats import DecodeStats, PromptDecodeRecord
+from dspark_lightning.decoding.target_forwards import causal_lm
+from dspark_lightning.measuring.ties import TIE_ULPS, classify_difference
+
+# the baseline's per-prompt tokens/s varies across prompts by little on a quiet machine (same target, similar
+# lengths); an interquartile range above this fraction of the median means other load moved the clock
+NOISE_LIMIT = 0.25
+
+
+def _as_ids(prompt, device) -> torch.Tensor:
+    ids = prompt if isinstance(prompt, torch.Tensor) else torch.tensor(prompt)
+    ids = ids.to(device=device, dtype=torch.long)
+    return ids[None] if ids.ndim == 1 else ids
+
+
+def quartiles(values) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), interpolating linearly between order statistics (numpy's default
+    percentile); one value is all three."""
+    values = [float(v) for v in values]
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def load_average() -> list[float] | None:
+    """``os.getloadavg()`` (1, 5 and 15 minutes), None where the platform has none."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds) -> dict:
+    """The noise of one measurement, from its per-prompt numbers: the interquartile range (IQR) of the per-prompt
+    speedups and of the baseline's per-prompt tokens/s, and ``noisy`` when the latter's IQR exceeds ``NOISE_LIMIT``
+    of its median (the baseline is the same target on every prompt, so its rate should barely move)."""
+    speedups = [b / s if s > 0 else float("nan") for b, s in zip(baseline_seconds, speculative_seconds)]
+    rates = [n / s if s > 0 else float("nan") for n, s in zip(prompt_baseline_tokens, baseline_seconds)]
+    s1, _, s3 = quartiles(speedups)
+    r1, rate_median, r3 = quartiles(rates)
+    relative = (r3 - r1) / rate_median if rate_median > 0 else float("nan")
+    return dict(
+        prompt_speedups=speedups,
+        prompt_speedup_iqr=s3 - s1,
+        baseline_prompt_tokens_per_second=rates,
+        baseline_tokens_per_second_median=rate_median,
+        baseline_tokens_per_second_iqr=r3 - r1,
+        baseline_relative_spread=relative,
+        noisy=not relative <= NOISE_LIMIT,  # NaN (no time measured) is not to be trusted either
+        load_average=load_average(),
+        torch_threads=torch.get_num_threads(),  # the target and the baseline ran on as many threads
+    )
+
+
+@torch.no_grad()
+def measure_speedup(
+    target,
+    drafter,
+    prompts,
+    max_new_tokens: int,
+    *,
+    mode: str = "markov",
+    k: int = 16,
+    confidence_threshold: float | None = None,
+    cost_model: tuple[float, float] | None = None,
+    eos_token_id: int | list[int] | None = None,
+    drafter_cache: bool = True,
+    packed_verify: bool = False,
+    warmup: bool = True,
+    device=None,
+    on_prompt: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
+    """Time greedy ``generate`` (the baseline) and greedy ``speculative_generate`` alternately, prompt by prompt.
+
+    For each prompt the baseline runs first, then the speculative run, so load from other processes hits both
+    alike; one untimed call of each on the first prompt warms them up. Both are timed around the whole call (prompt
+    forward included). The outputs must be equal token for token (greedy speculative decoding is lossless) up to a
+    float tie at the first differing token (``measuring.ties``): a tie is listed in ``ties``, any other difference
+    in ``mismatches`` and raised as a warning; ``differences`` holds each one's position, logit gap and tolerance.
+    ``packed_verify`` is passed to the speculative runs, and adds a second baseline: ``generate`` on the same packed kernels (every linear of the target, head
+    included), timed between the two, so that what speculation gains is told apart from what the kernels gain (on
+    2 CPU threads the packed kernels make ``generate`` itself ~10% faster). ``on_prompt()`` is called after each
+    prompt's timed runs (a progress bar); ``clock`` is the timer (seconds).
+
+    Returns a dict: ``speedup`` = total baseline seconds / total speculative seconds, ``median_prompt_speedup``,
+    tokens/s of both, tau, the speculative run's phase times (``phase_ms_per_step``, ``prefill_seconds``),
+    ``accepted_rate_per_slot``, ``outputs_equal``, ``mismatches`` (prompt indices), the per-prompt seconds and
+    ``prompt_records`` (each prompt's ``PromptDecodeRecord`` as a dict, the input of ``summarize_eval_set``; a
+    prompt with no verify step has none) and ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it
+    before writing JSON). With ``packed_verify`` also ``packed_generate_seconds`` (total),
+    ``speedup_vs_packed_generate`` and ``packed_generate_mismatches``; the prompt records carry
+    ``packed_generate_seconds``.
+    The spread (``spread``): ``prompt_speedup_iqr``, ``baseline_tokens_per_second_iqr`` and its median, ``noisy``,
+    the ``load_average`` and ``torch_threads``; a noisy measurement is also a warning naming the load.
+    """
+    model = causal_lm(target)
+    device = device if device is not None else next(model.parameters()).device
+    if eos_token_id is None:
+        eos_token_id = model.generation_config.eos_token_id
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    pad = eos[0] if eos else 0
+    prompts = [_as_ids(p, device) for p in prompts]
+    if not prompts:
+        raise ValueError("measure_speedup needs at least one prompt")
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def baseline(ids):
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+
+    # the target's linears on the kernels the verify forwards use (same batch hint: the packed weights are shared)
+    packed_kernels = PackedLinears(model, drafter.block_size + 1) if packed_verify else None
+
+    def packed_baseline(ids):
+        with packed_kernels:
+            return baseline(ids)
+
+    def speculative(ids):
+        return speculative_generate(
+            target,
+            drafter,
+            ids,
+            max_new_tokens,
+            mode=mode,
+            k=k,
+            confidence_threshold=confidence_threshold,
+            cost_model=cost_model,
+            eos_token_id=eos,
+            drafter_cache=drafter_cache,
+            packed_verify=packed_verify,
+        )
+
+    def timed(fn, ids):
+        sync()
+        start = clock()
+        result = fn(ids)
+        sync()
+        return result, clock() - start
+
+    if warmup:
+        baseline(prompts[0])
+        if packed_kernels is not None:
+            packed_baseline(prompts[0])
+        speculative(prompts[0])
+    baseline_seconds, speculative_seconds, runs, mismatches, ties, differences = [], [], [], [], [], []
+    packed_seconds, packed_mismatches = [], []
+    prompt_baseline_tokens = []
+    for index, ids in enumerate(prompts):
+        reference, seconds = timed(baseline, ids)
+        baseline_seconds.append(seconds)
+        prompt_baseline_tokens.append(reference.shape[1] - ids.shape[1])
+        if packed_kernels is not None:
+            packed_output, seconds = timed(packed_baseline, ids)
+            packed_seconds.append(seconds)
+            if not torch.equal(packed_output, reference):  # a near-tie (~1e-5) resolved the other way
+                packed_mismatches.append(index)
+        (output, stats), seconds = timed(speculative, ids)
+        speculative_seconds.append(seconds)
+        runs.append(stats)
+        if not torch.equal(output, reference):  # a float tie at the first differing token, or a bug
+            difference = classify_difference(model, reference, output, ids.shape[1])
+            (ties if difference["kind"] == "tie" else mismatches).append(index)
+            differences.append({"prompt": index, **difference})
+        if on_prompt is not None:
+            on_prompt()
+    if mismatches:
+        warnings.warn(
+            f"speculative output differs from the target's greedy generate on prompts {mismatches} "
+            f"(mode {mode}), not by a float tie: greedy speculative decoding must be lossless",
+            stacklevel=2,
+        )
+    if ties:
+        print(
+            f"greedy outputs differ from generate by a float tie on prompts {ties} (mode {mode}): the target's top "
+            f"two logits within {TIE_ULPS} ulps of {next(model.parameters()).dtype} at the first differing token"
+        )
+    if packed_mismatches:
+        warnings.warn(
+            f"generate on packed kernels differs from generate on the default ones on prompts {packed_mismatches}: "
+            "two logits tied within the kernels' rounding (~1e-5); its times still count as the packed baseline",
+            stacklevel=2,
+        )
+    noise = spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds)
+    if noise["noisy"]:
+        warnings.warn(
+            f"the target's own generate ran at {noise['baseline_relative_spread']:.0%} spread across prompts "
+            f"(IQR {noise['baseline_tokens_per_second_iqr']:.1f} of median "
+            f"{noise['baseline_tokens_per_second_median']:.1f} tokens/s, limit {NOISE_LIMIT:.0%}): this wall clock "
+            f"is too noisy to trust; load average {noise['load_average']} (os.getloadavg: 1, 5, 15 min)",
+            stacklevel=3,  # measure_speedup's caller (torch.no_grad's wrapper is one frame)
+        )
+    merged = DecodeStats.merge(runs)
+    baseline_tokens = sum(prompt_baseline_tokens)
+    base_total, spec_total = sum(baseline_seconds), sum(speculative_seconds)
+    packed = {}
+    if packed_kernels is not None:
+        packed = dict(
+            packed_generate_seconds=sum(packed_seconds),
+            speedup_vs_packed_generate=sum(packed_seconds) / spec_total if spec_total > 0 else float("nan"),
+            packed_generate_mismatches=packed_mismatches,
+        )
+    return dict(
+        mode=mode,
+        k=k,
+        confidence_threshold=confidence_threshold,
+        cost_model=list(cost_model) if cost_model is not None else None,
+        drafter_cache=drafter_cache,
+        packed_verify=packed_verify,
+        prompts=len(prompts),
+        max_new_tokens=max_new_tokens,
+        new_tokens=merged.new_tokens,
+        baseline_new_tokens=baseline_tokens,
+        baseline_seconds=base_total,
+        speculative_seconds=spec_total,
+        speedup=base_total / spec_total if spec_total > 0 else float("nan"),
+        median_prompt_speedup=statistics.median(noise["prompt_speedups"]),
+        baseline_tokens_per_second=baseline_tokens / base_total if base_total > 0 else float("nan"),
+        speculative_tokens_per_second=merged.new_tokens / spec_total if spec_total > 0 else float("nan"),
+        tau=merged.tau,
+        target_forwards=merged.target_forwards,
+        mean_verified=merged.mean_verified,
+        accepted_rate_per_slot=merged.accepted_rate_per_slot,
+        phase_ms_per_step=merged.phase_ms_per_step(),
+        prefill_seconds=merged.prefill_seconds,
+        outputs_equal=not mismatches,  # every output equals generate's, or differs from it by a float tie only
+        mismatches=mismatches,
+        ties=ties,
+        differences=differences,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        baseline_prompt_seconds=baseline_seconds,
+        speculative_prompt_seconds=speculative_seconds,
+        prompt_records=[
+            asdict(
+                PromptDecodeRecord.from_stats(
+                    run,
+                    baseline_seconds=b,
+                    speculative_seconds=s,
+                    outputs_equal=i not in mismatches,
+                    packed_generate_seconds=packed_seconds[i] if packed_seconds else None,
+                    output_tie=i in ties,
+                )
+            )
+            for i, (run, b, s) in enumerate(zip(runs, baseline_seconds, speculative_seconds))
+            if run.target_forwards > 0
+        ],
+        **packed,
+        **noise,
+        stats=merged,
+    )

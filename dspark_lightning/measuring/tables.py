@@ -1,0 +1,263 @@
+"""Speculative decoding measured per mode and schedule, and its tables (``decode`` prints them, the reports read them).
+
+A row: tau = tokens per target forward, tokens/s, mean verified length, the accepted rate per slot and the time per
+phase; with ``baseline`` also the target's own ``generate`` timed alternately and the outputs compared.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import torch
+
+from dspark_lightning.decoding import DecodeStats, speculative_generate
+from dspark_lightning.decoding.stats import PromptDecodeRecord
+from dspark_lightning.measuring.cost import best_verify_length
+from dspark_lightning.measuring.speedup import measure_speedup
+from dspark_lightning.progress import progress_bar
+
+
+def decode_plan(
+    num_prompts: int, num_modes: int, num_schedules: int, max_new_tokens: int, baseline: bool, packed: bool = False
+):
+    """(timed runs, the line that announces them): what ``decode`` and each eval set print before they start."""
+    runs = num_prompts * num_modes * num_schedules * (runs_per_timed_prompt(packed) if baseline else 1)
+    text = (
+        f"{num_modes} modes x {num_schedules} schedules x {num_prompts} prompts x {max_new_tokens} new tokens, "
+        f"baseline {'on' + (' (default and packed kernels)' if packed else '') if baseline else 'off'}: "
+        f"{runs} timed runs"
+    )
+    return runs, text
+
+
+def runs_per_timed_prompt(packed: bool) -> int:
+    """``generate``, then the speculative run; on packed kernels (``packed_verify``) also ``generate`` on them."""
+    return 3 if packed else 2
+
+
+NOISE_KEYS = (
+    "prompt_speedup_iqr",
+    "baseline_tokens_per_second_median",
+    "baseline_tokens_per_second_iqr",
+    "baseline_relative_spread",
+    "noisy",
+    "load_average",
+    "torch_threads",
+)
+
+
+def decode_table(
+    module,
+    prompts: list[list[int]],
+    modes,
+    temperature,
+    thresholds,
+    max_new_tokens,
+    k,
+    seed=0,
+    baseline=False,
+    packed_verify=False,
+    progress: str | None = None,
+    on_rows=None,
+):
+    """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
+
+    With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
+    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal; the row keeps the
+    measurement's spread (``NOISE_KEYS``). Each row keeps its per-prompt measurements (``prompt_records``, the input
+    of ``summarize_eval_set``); a prompt with no verify step (its first token ended it) has no tau and is counted in
+    ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
+    ``on_rows``: called with the rows so far after each one (``decode --json`` keeps what an interrupted run measured).
+    """
+    timed = baseline and temperature == 0
+    total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed, packed_verify)
+    bar = progress_bar(progress, total, "runs") if progress else nullcontext(lambda n=1: None)
+    runs_per_prompt = runs_per_timed_prompt(packed_verify)
+    rows = []
+    with bar as advance:
+        for mode in modes:
+            for threshold in thresholds:
+                schedule = dict(
+                    confidence_threshold=None if isinstance(threshold, tuple) else threshold,
+                    cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
+                    packed_verify=packed_verify,
+                )
+                if timed:
+                    on_prompt = lambda: advance(runs_per_prompt)  # noqa: E731
+                    row = _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt)
+                else:
+                    row = _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance)
+                rows.append(dict(mode=mode, threshold=threshold, **row))
+                if on_rows is not None:
+                    on_rows(rows)
+    return rows
+
+
+def _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt) -> dict:
+    result = measure_speedup(
+        module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, on_prompt=on_prompt, **schedule
+    )
+    measured = (
+        "speedup",
+        "median_prompt_speedup",
+        "baseline_tokens_per_second",
+        "outputs_equal",
+        "mismatches",
+        "ties",
+        "differences",
+        "dtype",
+    )
+    packed = ("speedup_vs_packed_generate", "packed_generate_seconds", "packed_generate_mismatches")
+    row = _stats_row(result["stats"], len(prompts), result["prompt_records"])
+    row["tokens_per_second"] = result["speculative_tokens_per_second"]
+    return row | {key: result[key] for key in (*measured, *NOISE_KEYS, *packed) if key in result}
+
+
+def _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    runs = []
+    for prompt in prompts:
+        _, run = speculative_generate(
+            module.target, module.drafter, torch.tensor([prompt]), max_new_tokens, mode=mode, k=k,
+            temperature=temperature, generator=generator, **schedule,
+        )  # fmt: skip
+        runs.append(run)
+        advance()
+    records = [asdict(PromptDecodeRecord.from_stats(run)) for run in runs if run.target_forwards > 0]
+    return _stats_row(DecodeStats.merge(runs), len(prompts), records)
+
+
+def _stats_row(stats: DecodeStats, num_prompts: int, records: list[dict]) -> dict:
+    return dict(
+        tau=stats.tau,
+        tokens_per_second=stats.tokens_per_second,
+        mean_verified=stats.mean_verified,
+        accepted_rate_per_slot=stats.accepted_rate_per_slot,
+        phase_ms_per_step=stats.phase_ms_per_step(),
+        prompts_without_verify=num_prompts - len(records),
+        prompt_records=records,
+    )
+
+
+def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
+    """Greedy speculative decoding per mode on ``prompts`` -> {mode: decode_table row}."""
+    rows = decode_table(module, prompts, modes, 0.0, [None], max_new_tokens, k)
+    return {row["mode"]: row for row in rows}
+
+
+def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
+    """For each mode's whole-block row: the verify length that maximises predicted tokens/s (``best_verify_length``)
+    from its measured per-slot acceptance and drafter cost per step, under T(n) = t0 + t1 * n."""
+    table = []
+    for row in rows:
+        if row["threshold"] is not None or not row["accepted_rate_per_slot"]:
+            continue
+        phases = row["phase_ms_per_step"]
+        overhead = (phases["draft_backbone"] + phases["draft_head"] + phases["bookkeeping"]) / 1e3
+        best = best_verify_length(row["accepted_rate_per_slot"], overhead, cost_model)
+        row["verify_length"] = best
+        table.append(dict(mode=row["mode"], overhead_ms=overhead * 1e3, **best))
+    return table
+
+
+def print_verify_length_table(table, cost_model) -> None:
+    """``verify_length_table`` as a rich table (80 columns; overhead = draft + bookkeeping ms per step)."""
+    t0, t1 = cost_model
+    out = compact_table(f"predicted tokens/s per verify length n (T(n) = {t0 * 1e3:.2f} + {t1 * 1e3:.3f} n ms)")
+    for column in ("mode", "overhead ms", "best n", "tokens/step", "tokens/s for n = 1, 2, ..."):
+        out.add_column(column, justify="left" if column in ("mode", "tokens/s for n = 1, 2, ...") else "right")
+    for row in table:
+        n = row["best_n"]
+        out.add_row(
+            row["mode"],
+            f"{row['overhead_ms']:.2f}",
+            str(n),
+            f"{row['expected_tokens'][n - 1]:.2f}",
+            " ".join(f"{v:.0f}" for v in row["tokens_per_second"]),
+        )
+    table_console().print(out)
+
+
+def schedule_label(schedule) -> str:
+    """A schedule as a table cell: "-" (whole blocks), a confidence threshold, or "cost model"."""
+    if schedule is None:
+        return "-"
+    if isinstance(schedule, (tuple, list)):
+        return "cost model"
+    return f"{schedule:.2f}"
+
+
+def table_console():
+    """Where the decode tables print: a terminal's own width (at least 80 columns); off a terminal (a log file, a pipe,
+    ``nohup``) 160 columns, since a file has no width and rich would otherwise wrap every cell at its default 80."""
+    from rich.console import Console
+
+    console = Console()
+    return Console(width=max(80, console.width) if console.is_terminal else max(160, console.width))
+
+
+def compact_table(title: str):
+    """A rich table without vertical rules or doubled padding: eight numeric columns fit 80 columns."""
+    from rich.box import SIMPLE_HEAD
+    from rich.table import Table
+
+    return Table(title=title, box=SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+
+
+def print_decode_table(rows, title: str) -> None:
+    """The decode rows as three rich tables that fit 80 columns: the numbers, the accepted rate per slot, the ms per
+    phase (everything else is in ``decode --json``). A greedy mismatch with ``generate`` is printed in red, a noisy
+    wall clock (``measure_speedup``'s ``noisy``) marks its speedup with ``?`` and is explained below the tables."""
+    table = compact_table(title)
+    with_baseline = any("speedup" in row for row in rows)
+    columns = ["mode", "sched.", "tau", "tok/s"]
+    with_packed = any("speedup_vs_packed_generate" in row for row in rows)
+    columns += ["gen. tok/s", "speedup", "= gen."] if with_baseline else []
+    columns += ["vs packed gen."] if with_packed else []
+    columns += ["verified"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    slots = compact_table("accepted rate per slot")
+    for column in ("mode", "sched.", "slot 0, 1, ..."):
+        slots.add_column(column, justify="right" if column == "sched." else "left")
+    phases = compact_table("where the time goes: ms per step")
+    for column in ("mode", "sched.", "backbone", "head", "verify", "bookkeeping"):
+        phases.add_column(column, justify="left" if column == "mode" else "right")
+    mismatched, noisy = [], []
+    for row in rows:
+        label = schedule_label(row["threshold"])
+        cells = [row["mode"], label, f"{row['tau']:.3f}", f"{row['tokens_per_second']:.1f}"]
+        if with_baseline:
+            equal = row.get("outputs_equal", True)
+            mark = "?" if row.get("noisy") else ""
+            cells += [f"{row['baseline_tokens_per_second']:.1f}", f"{row['speedup']:.2f}x{mark}"]
+            cells.append("yes" if equal else "[bold red]NO[/]")
+            if with_packed:
+                cells.append(
+                    f"{row['speedup_vs_packed_generate']:.2f}x" if "speedup_vs_packed_generate" in row else "-"
+                )
+            mismatched += [] if equal else [row]
+            noisy += [row] if row.get("noisy") else []
+        table.add_row(*cells, f"{row['mean_verified']:.2f}")
+        rates = " ".join("-" if math.isnan(v) else f"{v:.2f}" for v in row["accepted_rate_per_slot"])
+        slots.add_row(row["mode"], label, rates)
+        ms = row["phase_ms_per_step"]
+        phases.add_row(
+            row["mode"], label, *(f"{ms[p]:.2f}" for p in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
+        )
+    console = table_console()
+    for out in (table, slots, phases):
+        console.print(out)
+    for row in noisy:
+        console.print(
+            f"[yellow]? {row['mode']} / {schedule_label(row['threshold'])}: generate's tokens/s spread "
+            f"{row['baseline_relative_spread']:.0%} across prompts (IQR / median, over 25%): too noisy to trust; "
+            f"load average {row['load_average']}[/]"
+        )
+    for row in mismatched:
+        console.print(
+            f"[bold red]MISMATCH: {row['mode']} / {schedule_label(row['threshold'])} differs from the target's greedy "
+            f"generate on prompts {row['mismatches']}: greedy speculative decoding must be lossless[/]"
+        )
