@@ -47,8 +47,8 @@ from IPython.display import Image, display
 
 from dspark_lightning import plotting
 from dspark_lightning.cli import cli_main
+from dspark_lightning.shipped import SHIPPED_ROOT as REPO  # the shipped configs/ and assets/ (a checkout or a wheel)
 from dspark_lightning.studies.quiet_output import quiet_logs
-from dspark_lightning.studies.runs import REPO_ROOT as REPO
 
 torch.set_num_threads(1)  # tiny models: more threads only fight over the CPU
 quiet_logs()  # Lightning's info lines and a few known, harmless warnings off
@@ -59,7 +59,7 @@ WORK = Path(os.environ.get("DSPARK_TUTORIAL_DIR") or tempfile.mkdtemp(prefix="ds
 # (they check that the tutorial runs and its decoders agree, not what it learns)
 STEPS = int(os.environ.get("DSPARK_TUTORIAL_STEPS", "300"))
 PROMPTS = int(os.environ.get("DSPARK_TUTORIAL_PROMPTS", "4"))
-print("repository:", REPO)
+print("configs and assets:", REPO)
 print("this tutorial writes into:", WORK)
 
 # %% [markdown]

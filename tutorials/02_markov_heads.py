@@ -49,9 +49,9 @@ import torch
 from dspark_lightning import plotting
 from dspark_lightning.cli import cli_main
 from dspark_lightning.measuring.tables import measured_decoding
+from dspark_lightning.shipped import SHIPPED_ROOT as REPO  # the shipped configs/ and assets/ (a checkout or a wheel)
 from dspark_lightning.studies.command_lines import shell_command
 from dspark_lightning.studies.quiet_output import quiet_logs
-from dspark_lightning.studies.runs import REPO_ROOT as REPO
 from dspark_lightning.studies.runs import demo_fit_args
 
 torch.set_num_threads(1)

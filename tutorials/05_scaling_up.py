@@ -29,8 +29,8 @@ import pandas as pd
 import yaml
 
 from dspark_lightning.cli import cli_main
+from dspark_lightning.shipped import SHIPPED_ROOT as REPO  # the shipped configs/ and assets/ (a checkout or a wheel)
 from dspark_lightning.studies.quiet_output import quiet_logs
-from dspark_lightning.studies.runs import REPO_ROOT as REPO
 
 quiet_logs()
 

@@ -44,8 +44,8 @@ from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.interop.import_gguf import import_gguf
 from dspark_lightning.lightning.checkpoint import load_checkpoint_module
 from dspark_lightning.preparation.regenerate import regenerate
+from dspark_lightning.shipped import SHIPPED_ROOT as REPO  # the shipped configs/ and assets/ (a checkout or a wheel)
 from dspark_lightning.studies.quiet_output import quiet_logs
-from dspark_lightning.studies.runs import REPO_ROOT as REPO
 
 quiet_logs()
 torch.set_num_threads(1)
