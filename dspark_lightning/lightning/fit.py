@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jsonargparse import set_parsing_settings
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from dspark_lightning.checks import check_finite_state, read_checkpoint
 from dspark_lightning.data.datamodule import ShareGPTDataModule
@@ -151,8 +153,14 @@ class DSparkCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         # the loggers exist (jsonargparse built them), nothing has read a version yet: claim the run directories now
-        self.claimed_run_dirs = claim_run_directories(self._get(self.config_init, "trainer", default={}).get("logger"))
-        trainer = super().instantiate_trainer(**kwargs)
+        trainer_options = self._get(self.config_init, "trainer", default={})
+        self.claimed_run_dirs = claim_run_directories(trainer_options.get("logger"))
+        step_aside(trainer_options)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ValueError) as error:  # e.g. --trainer.max_steps -5: one line, no traceback
+            remove_unstarted_run_directories(self.claimed_run_dirs)  # nothing ran: leave no empty run behind
+            raise OptionError(f"--trainer options: {str(error).splitlines()[0]}") from None
         trainer.callbacks.insert(0, ClaimRunDirectory())  # other ranks take rank 0's versions before anything writes
         return trainer
 
@@ -175,6 +183,24 @@ class DSparkCLI(LightningCLI):
         parser.link_arguments("model.target.trust_remote_code", "data.trust_remote_code", apply_on="parse")
         parser.link_arguments("model.drafter.block_size", "data.block_size", apply_on="parse")
         parser.link_arguments("data.mask_token_id", "model.drafter.mask_token_id", apply_on="instantiate")
+
+
+def step_aside(trainer_options) -> None:
+    """Callbacks the trainer flags leave nothing to do for are dropped with one line each, instead of Lightning's
+    exception: ``LearningRateMonitor`` without a logger (``--trainer.logger false``), a progress bar with
+    ``--trainer.enable_progress_bar false``."""
+    callbacks = trainer_options.get("callbacks")
+    if not isinstance(callbacks, list):
+        return
+    drop = []
+    if trainer_options.get("logger") in (False, None, []):
+        drop += [(c, "--trainer.logger false: no logger to write learning rates to") for c in callbacks
+                 if isinstance(c, LearningRateMonitor)]  # fmt: skip
+    if trainer_options.get("enable_progress_bar") is False:
+        drop += [(c, "--trainer.enable_progress_bar false") for c in callbacks if isinstance(c, ProgressBar)]
+    for callback, reason in drop:
+        callbacks.remove(callback)
+        print(f"{type(callback).__name__} is off: {reason}", flush=True)
 
 
 def option_error_in_union(error: ValueError) -> OptionError | None:
