@@ -1,5 +1,5 @@
-"""The anchors' recipe options (configs/recipe_choices/): feature noise in training steps only, Muon on the matrices it is
-given. Each test fails if its option is ignored."""
+"""The recipe choices of the anchor projects (configs/recipe_choices/): feature noise in training steps only, Muon on
+the matrices it is given. Each test fails if its option is ignored."""
 
 from __future__ import annotations
 
