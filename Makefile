@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CONSTRAINTS ?= constraints-cpu.txt
 
-.PHONY: install quickstart test lint bench assets gpu-check docs clean
+.PHONY: install quickstart test lint bench assets gpu-check docs clean wheel-check
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,23 @@ quickstart: $(STAMP)
 # One pytest worker per core (pytest-xdist); worksteal rebalances when a worker is left with the long cases.
 test: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python -m pytest -q -n auto --dist worksteal
+
+# The wheel with every dependency installed through the constraints file into a fresh venv (build/wheel-check),
+# then the quickstart (3 steps), decode and export from an empty directory. make test does the same with this
+# environment's dependencies (tests/integration/test_wheel.py); this one also checks the wheel's dependency list.
+WHEEL_VENV := build/wheel-check/venv
+wheel-check: $(STAMP)
+	rm -rf build/wheel-check
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheel-check/dist .
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q -c $(CONSTRAINTS) torch==2.13.0
+	$(WHEEL_VENV)/bin/pip install -q -c $(CONSTRAINTS) build/wheel-check/dist/dspark_lightning-*.whl
+	mkdir -p build/wheel-check/run && cd build/wheel-check/run && \
+	  export WANDB_MODE=disabled OMP_NUM_THREADS=1 && D=$(CURDIR)/$(WHEEL_VENV)/bin/dspark-lightning && \
+	  $$D fit --config quickstart --trainer.max_steps=3 --trainer.val_check_interval=3 --trainer.limit_val_batches=1 && \
+	  $$D decode --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt --num_prompts 2 --max_new_tokens 8 \
+	    --modes '[markov]' --baseline false --json decode.json && \
+	  $$D export --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt --output exported
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
