@@ -264,7 +264,7 @@ for run in loaded:
     rows[f"{run['head']} B={run['block']}\n{run['name']}"] = {
         "teacher-forced tau": last(run["log"], "val/tau"),
         "teacher-forced greedy tau": last(run["log"], "val/greedy_tau"),
-        f"measured tau ({len(prompts)} prompts)": decoded["tau"],
+        f"measured tau ({len(prompts)} prompts)": decoded.tau,
         "logged val/decode tau": last(run["log"], f"val/decode/{mode}/tau"),
     }
 table = pd.DataFrame(rows).T

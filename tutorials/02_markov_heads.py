@@ -95,7 +95,7 @@ for head in HEADS:
         "fit seconds": round(seconds, 1),
         "teacher-forced tau": round(float(values["acceptance/tau"]), 3),
         "teacher-forced greedy tau": round(float(values["acceptance/greedy_tau"]), 3),
-        "measured tau": round(decoded["tau"], 3),
+        "measured tau": round(decoded.tau, 3),
         "measured in mode": mode,
     }
     per_slot[head] = values["acceptance/accept_rate_per_slot"]

@@ -229,7 +229,12 @@ print(
 # %%
 prompts = cli.datamodule.eval_prompts()
 decoded = measured_decoding(module, prompts, ["parallel", "markov", "selector"], max_new_tokens=64, k=16)
-pd.DataFrame(decoded).T[["tau", "mean_verified", "tokens_per_second"]].astype(float).round(3)
+pd.DataFrame(
+    {
+        mode: {"tau": row.tau, "mean_verified": row.mean_verified, "tokens_per_second": row.tokens_per_second}
+        for mode, row in decoded.items()
+    }
+).T.round(3)
 
 # %% [markdown]
 # Speculative decoding is lossless whatever the draft: at temperature 0 the output is the target's own greedy

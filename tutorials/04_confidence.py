@@ -147,7 +147,7 @@ print("mean observed prefix acceptance per n:", [round(float(v), 3) for v in (ob
 prompts = cli.datamodule.eval_prompts()
 thresholds = [None, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]
 rows = decode_table(module, prompts, ["markov"], 0.0, thresholds, max_new_tokens=64, k=16)
-table = pd.DataFrame(rows).set_index("threshold")[["tau", "mean_verified"]]
+table = pd.DataFrame({"tau": [row.tau for row in rows], "mean_verified": [row.mean_verified for row in rows]})
 table["tau / (1 + verified)"] = table["tau"] / (1 + table["mean_verified"])
 table.index = ["none (verify all)", *thresholds[1:]]
 table.round(3)

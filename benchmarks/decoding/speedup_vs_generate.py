@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from dspark_lightning.measuring import best_verify_length, measure_verify_cost
+from dspark_lightning.measuring.results import SpeedupResult, from_json, to_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def load_models(target: Path, ckpt: str | None, num_prompts: int, prompt_length:
     return frozen, drafter, prompts, f"untrained drafter (cost only) on `{target}`, random-token prompts"
 
 
-def speedup_rows(target, drafter, prompts, modes, max_new_tokens, log) -> list[dict]:
+def speedup_rows(target, drafter, prompts, modes, max_new_tokens, log) -> list[SpeedupResult]:
     from dspark_lightning.measuring import measure_speedup
 
     head = drafter.markov_head
@@ -76,30 +77,30 @@ def speedup_rows(target, drafter, prompts, modes, max_new_tokens, log) -> list[d
             continue
         for cached in (True, False):
             result = measure_speedup(target, drafter, prompts, max_new_tokens, mode=mode, drafter_cache=cached)
-            result.pop("stats")
             rows.append(result)
+            compared = result.comparison
             log(
-                f"{mode:8s} cache={cached!s:5s} speedup {result['speedup']:.2f}x  tau {result['tau']:.2f}  "
-                f"{result['speculative_tokens_per_second']:.0f} vs {result['baseline_tokens_per_second']:.0f} tok/s  "
-                f"equal={result['outputs_equal']}"
+                f"{mode:8s} cache={cached!s:5s} speedup {compared.speedup:.2f}x  tau {result.tau:.2f}  "
+                f"{result.speculative_tokens_per_second:.0f} vs {compared.baseline_tokens_per_second:.0f} tok/s  "
+                f"equal={compared.outputs_equal}"
             )
     return rows
 
 
-def verify_length_rows(speedup: list[dict], cost: tuple[float, float]) -> list[dict]:
+def verify_length_rows(speedup: list[SpeedupResult], cost: tuple[float, float]) -> list[dict]:
     """Per mode (cached runs): the verify length maximising predicted tokens/s from the measured acceptance and
     drafter cost per step under the measured T(n) (``best_verify_length``)."""
     rows = []
     for r in speedup:
-        if not r["drafter_cache"] or not r["accepted_rate_per_slot"]:
+        if not r.drafter_cache or not r.accepted_rate_per_slot:
             continue
-        p = r["phase_ms_per_step"]
+        p = r.phase_ms_per_step
         overhead = (p["draft_backbone"] + p["draft_head"] + p["bookkeeping"]) / 1e3
         rows.append(
             dict(
-                mode=r["mode"],
+                mode=r.mode,
                 overhead_ms=overhead * 1e3,
-                **best_verify_length(r["accepted_rate_per_slot"], overhead, cost),
+                **best_verify_length(r.accepted_rate_per_slot, overhead, cost),
             )
         )
     return rows
@@ -195,16 +196,16 @@ def write_results(out_dir: Path, stem: str, report: dict) -> None:
         "| verify ms | bookkeeping ms | step ms | break-even tau | outputs = generate |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in report["speedup"]:
-        p = r["phase_ms_per_step"]
+    for r in (from_json(SpeedupResult, row, "speedup row") for row in report["speedup"]):
+        p, c = r.phase_ms_per_step, r.comparison
         step = sum(p[k] for k in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
         lines.append(
-            f"| {r['mode']} | {'yes' if r['drafter_cache'] else 'no'} | {r['tau']:.2f} "
-            f"| {r['baseline_tokens_per_second']:.0f} | {r['speculative_tokens_per_second']:.0f} "
-            f"| **{r['speedup']:.2f}×** ({r['median_prompt_speedup']:.2f}×) | {p['draft_backbone']:.2f} "
+            f"| {r.mode} | {'yes' if r.drafter_cache else 'no'} | {r.tau:.2f} "
+            f"| {c.baseline_tokens_per_second:.0f} | {r.speculative_tokens_per_second:.0f} "
+            f"| **{c.speedup:.2f}×** ({c.median_prompt_speedup:.2f}×) | {p['draft_backbone']:.2f} "
             f"| {p['draft_head']:.2f} | {p['verify']:.2f} | {p['bookkeeping']:.2f} | {step:.1f} "
-            f"| {step * r['baseline_tokens_per_second'] / 1e3:.2f} "
-            f"| {'yes' if r['outputs_equal'] else '**NO** ' + str(r['mismatches'])} |"
+            f"| {step * c.baseline_tokens_per_second / 1e3:.2f} "
+            f"| {'yes' if c.outputs_equal else '**NO** ' + str(c.mismatches)} |"
         )
     lines += [
         "",
@@ -273,7 +274,7 @@ def run(
         max_new_tokens=max_new_tokens,
         block_size=drafter.block_size,
         machine=machine,
-        speedup=speedup,
+        speedup=[to_json(result) for result in speedup],
         context_sweep=sweep,
         verify_cost_ms=[verify_cost[0] * 1e3, verify_cost[1] * 1e3],
         verify_lengths=verify_lengths,

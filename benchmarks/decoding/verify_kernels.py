@@ -26,6 +26,7 @@ import torch
 
 from dspark_lightning.decoding.kernels import PackedLinears
 from dspark_lightning.measuring import measure_speedup
+from dspark_lightning.measuring.results import SpeedupResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,28 +82,27 @@ def forward_costs(model, max_rows: int, repeats: int, prefix: int = 192) -> list
 
 def end_to_end(module, prompts, max_new_tokens: int, mode: str) -> dict[str, dict]:
     """measure_speedup with the default and the packed verify, alternated prompt by prompt; merged per variant."""
-    runs: dict[str, list[dict]] = {"default": [], "packed": []}
+    runs: dict[str, list[SpeedupResult]] = {"default": [], "packed": []}
     for index, prompt in enumerate(prompts):
         for name in ("default", "packed"):
             result = measure_speedup(
                 module.target, module.drafter, [prompt], max_new_tokens, mode=mode,
                 packed_verify=name == "packed", warmup=index == 0,
             )  # fmt: skip
-            result.pop("stats")
             runs[name].append(result)
     merged = {}
     for name, results in runs.items():
-        base = sum(r["baseline_seconds"] for r in results)
-        spec = sum(r["speculative_seconds"] for r in results)
-        steps = sum(r["target_forwards"] for r in results)
+        base = sum(r.baseline_seconds for r in results)
+        spec = sum(r.speculative_seconds for r in results)
+        steps = sum(r.target_forwards for r in results)
         merged[name] = dict(
             speedup=base / spec,
-            median_prompt_speedup=statistics.median(r["speedup"] for r in results),
-            tau=sum(r["new_tokens"] for r in results) / steps,
-            generate_tokens_per_second=sum(r["baseline_new_tokens"] for r in results) / base,
-            speculative_tokens_per_second=sum(r["new_tokens"] for r in results) / spec,
-            verify_ms_per_step=sum(r["phase_ms_per_step"]["verify"] * r["target_forwards"] for r in results) / steps,
-            outputs_equal=all(r["outputs_equal"] for r in results),
+            median_prompt_speedup=statistics.median(r.comparison.speedup for r in results),
+            tau=sum(r.new_tokens for r in results) / steps,
+            generate_tokens_per_second=sum(r.baseline_new_tokens for r in results) / base,
+            speculative_tokens_per_second=sum(r.new_tokens for r in results) / spec,
+            verify_ms_per_step=sum(r.phase_ms_per_step["verify"] * r.target_forwards for r in results) / steps,
+            outputs_equal=all(r.comparison.outputs_equal for r in results),
         )
     return merged
 

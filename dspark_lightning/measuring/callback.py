@@ -10,9 +10,11 @@ import lightning as L
 from dspark_lightning.decoding import supported_modes
 from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.callbacks import parameters_sharded, this_validation_tau
+from dspark_lightning.measuring.eval_set_summary import summarize_eval_set
 from dspark_lightning.measuring.eval_sets import EVAL_SETS, EvalSetName, datamodule_prompt_ids
 from dspark_lightning.measuring.identity import record_decode, teacher_forced_blocks
-from dspark_lightning.measuring.in_training import decode_eval_set, eval_set_metrics, eval_set_summary
+from dspark_lightning.measuring.in_training import decode_eval_set, eval_set_metrics
+from dspark_lightning.measuring.results import EvalSetSummary
 from dspark_lightning.progress import stop_requested
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,8 @@ class SpeculativeDecodingCallback(L.Callback):
     (``measuring/eval_sets.py``, the sets of ``decode --eval_sets``; docs/design/design.md §7.8) in each mode and logs
     ``val/decode/<set>/<mode>/tau`` with its 95% bootstrap interval over prompts (``.../tau_ci_low``,
     ``.../tau_ci_high``) and ``.../num_prompts`` (``measuring/in_training.py``); the summaries of the last
-    validation are kept in ``last_eval_sets``. ``sharegpt_heldout`` reads ``heldout_files`` (default: the data
-    module's ``val_files``) and keeps what ``heldout_split_by_id`` (default: ``data.split_by_id``) assigns to
+    validation are kept in ``last_eval_sets`` (``EvalSetSummary``; the step in ``last_eval_sets_step``).
+    ``sharegpt_heldout`` reads ``heldout_files`` (default: the data module's ``val_files``) and keeps what ``heldout_split_by_id`` (default: ``data.split_by_id``) assigns to
     validation. The sets are loaded when fit or validate starts, so a missing or malformed set fails before training.
     ``num_prompts: 0`` measures the eval sets only. In a LightningCLI YAML::
 
@@ -71,7 +73,8 @@ class SpeculativeDecodingCallback(L.Callback):
         self.eval_sets, self.eval_set_limit = list(eval_sets or ()), eval_set_limit
         self.heldout_files, self.heldout_split_by_id = heldout_files, heldout_split_by_id
         self.eval_set_prompts: dict[str, list[list[int]]] = {}
-        self.last_eval_sets: list[dict] = []
+        self.last_eval_sets: list[EvalSetSummary] = []
+        self.last_eval_sets_step: int | None = None  # the global step they were measured at
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.eval_sets or stage not in ("fit", "validate") or trainer.datamodule is None:
@@ -122,7 +125,7 @@ class SpeculativeDecodingCallback(L.Callback):
 
     def _decode_eval_sets(self, trainer, pl_module, modes: list[str]) -> None:
         """Each eval set in each mode: its tau and interval logged, its summary kept in ``last_eval_sets``."""
-        self.last_eval_sets = []
+        self.last_eval_sets, self.last_eval_sets_step = [], trainer.global_step
         for name, prompts in self.eval_set_prompts.items():
             for mode in modes:
                 records = decode_eval_set(
@@ -135,13 +138,13 @@ class SpeculativeDecodingCallback(L.Callback):
                         flush=True,
                     )
                     return
-                summary = eval_set_summary(name, mode, records)
-                if summary is None:
+                if not records:
                     print(f"SpeculativeDecodingCallback: eval set {name} ({mode}): no prompt had a verify step")
                     continue
+                summary = summarize_eval_set(name, records, mode=mode, max_new_tokens=self.max_new_tokens)
                 for key, value in eval_set_metrics(summary).items():
                     pl_module.log(key, value, rank_zero_only=True)
-                self.last_eval_sets.append(summary | {"step": trainer.global_step})
+                self.last_eval_sets.append(summary)
 
     def _decode(self, trainer, pl_module, prompts, mode) -> tuple[float, float | None] | None:
         """(measured tau, on-policy greedy tau or None) of ``mode`` over ``prompts``; None when a stop was requested

@@ -4,6 +4,7 @@ named evaluation sets (``--eval_sets``): docs/guides/measuring_acceptance.md, do
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Literal
@@ -23,6 +24,7 @@ from dspark_lightning.measuring.eval_sets import EvalSetName
 from dspark_lightning.measuring.gap import gap_decomposition, gap_markdown
 from dspark_lightning.measuring.identity import check_identity as replay_decode  # the option is check_identity
 from dspark_lightning.measuring.loading import in_dtype, load_trained
+from dspark_lightning.measuring.results import EvalSetRow, MeasuredRow, to_json
 from dspark_lightning.measuring.tables import (
     decode_plan,
     decode_table,
@@ -123,12 +125,17 @@ def decode_command(
             "--val_files (default: the checkpoint's data.val_files): no valid conversation with a user prompt to decode"
         )
     # --json holds every finished row from the first on: an interrupted decode keeps what it measured
-    named = {
-        "dtype": str(next(module.target.parameters()).dtype).removeprefix("torch."),
-        "temperature": temperature,  # 0: greedy; a sampled decode's rows say so
-        "machine": machine_description(),
-    }
-    save = (lambda rows: write_json(json, [row | named for row in rows])) if json else None  # noqa: E731
+    context = dict(
+        dtype=str(next(module.target.parameters()).dtype).removeprefix("torch."),
+        temperature=temperature,  # 0: greedy; a sampled decode's rows say so
+        machine=machine_description(),
+    )
+
+    def save(rows) -> None:
+        placed = [in_context(row, context) for row in rows]
+        write_json(json, [to_json(row) if dataclasses.is_dataclass(row) else row for row in placed])
+
+    save = save if json else None
     if check_identity:
         return identity_main(module, data, prompts, runnable, max_new_tokens, k, gap_table, save)
     schedules = [None, *thresholds]
@@ -163,6 +170,16 @@ def decode_command(
         if save is not None:
             save(rows)
     return rows
+
+
+def in_context(row: MeasuredRow | EvalSetRow | dict, context: dict):
+    """``row`` with where it was measured (``MeasuredRow.dtype``, ``temperature``, ``machine``) filled in; the
+    rows of ``--check_identity`` are dicts and get the same keys."""
+    if isinstance(row, EvalSetRow):
+        return dataclasses.replace(row, decoded=in_context(row.decoded, context))
+    if isinstance(row, MeasuredRow):
+        return dataclasses.replace(row, **context)
+    return row | context
 
 
 def identity_main(

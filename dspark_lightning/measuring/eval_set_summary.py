@@ -1,4 +1,4 @@
-"""One evaluation set's decoding results, pooled over its prompts with bootstrap intervals, as a JSON-ready dict.
+"""One evaluation set's decoding results, pooled over its prompts with bootstrap intervals (``EvalSetSummary``).
 
 Each prompt contributes one :class:`PromptDecodeRecord`. Measured tau and speedup are ratios of sums over prompts
 (see ``intervals.py``); ``acceptance_per_slot[k]`` is the fraction of all verification steps in which drafted slot
@@ -18,6 +18,7 @@ from dspark_lightning.measuring.intervals import (
     ratio_bootstrap_ci,
     ratio_of_sums,
 )
+from dspark_lightning.measuring.results import EvalSetSummary, Schedule
 
 
 def _as_record(record: PromptDecodeRecord | Mapping) -> PromptDecodeRecord:
@@ -45,16 +46,13 @@ def summarize_eval_set(
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
-) -> dict:
-    """The summary of evaluation set ``name`` from its per-prompt records (dataclasses or their dicts).
-
-    Keys: ``eval_set``, ``num_prompts``, ``measured_tau`` (total emitted / total target forwards) and
-    ``measured_tau_ci`` ([low, high], paired percentile bootstrap over prompts), ``acceptance_per_slot``,
-    ``speedup`` (total baseline / total speculative seconds) and ``speedup_ci`` (None when no prompt was timed),
-    ``speedup_vs_packed_generate`` and its ``_ci`` (the same against generate on packed kernels; present only when
-    every prompt timed it), ``outputs_equal`` (every compared prompt equal; None when none was compared) and
-    ``ci_confidence``. Plain floats, lists and None only, never NaN: ready for ``json.dumps``.
-    """
+    mode: str | None = None,
+    threshold: Schedule = None,
+    max_new_tokens: int | None = None,
+) -> EvalSetSummary:
+    """The summary of evaluation set ``name`` (decoded in ``mode`` and schedule ``threshold``) from its per-prompt
+    records (dataclasses or their dicts). Its speedup fields are None when no prompt was timed, the packed ones
+    unless every prompt timed ``generate`` on packed kernels too; floats are never NaN (None instead)."""
     records = [_as_record(record) for record in per_prompt_records]
     if not records:
         raise ValueError(f"eval set {name!r}: no per-prompt records to summarize")
@@ -70,19 +68,15 @@ def summarize_eval_set(
         speculative = [record.speculative_seconds for record in records]
         speedup = _json_float(ratio_of_sums(baseline, speculative))
         speedup_ci = [_json_float(bound) for bound in ratio_bootstrap_ci(baseline, speculative, **settings)]
-    packed = {}
+    packed_speedup, packed_ci = None, None
     if records[0].packed_generate_seconds is not None:
         if any(record.packed_generate_seconds is None for record in records):
             raise ValueError(f"eval set {name!r}: some prompts have packed_generate_seconds and some do not")
         packed_seconds = [record.packed_generate_seconds for record in records]
-        packed = dict(
-            speedup_vs_packed_generate=_json_float(ratio_of_sums(packed_seconds, speculative)),
-            speedup_vs_packed_generate_ci=[
-                _json_float(bound) for bound in ratio_bootstrap_ci(packed_seconds, speculative, **settings)
-            ],
-        )
+        packed_speedup = _json_float(ratio_of_sums(packed_seconds, speculative))
+        packed_ci = [_json_float(bound) for bound in ratio_bootstrap_ci(packed_seconds, speculative, **settings)]
     compared = [record.outputs_equal for record in records if record.outputs_equal is not None]
-    return dict(
+    return EvalSetSummary(
         eval_set=name,
         num_prompts=len(records),
         measured_tau=_json_float(ratio_of_sums(emitted, forwards)),
@@ -90,8 +84,12 @@ def summarize_eval_set(
         acceptance_per_slot=[_json_float(rate) for rate in acceptance_per_slot(records)],
         speedup=speedup,
         speedup_ci=speedup_ci,
-        **packed,
+        speedup_vs_packed_generate=packed_speedup,
+        speedup_vs_packed_generate_ci=packed_ci,
         outputs_equal=all(compared) if compared else None,
         output_ties=sum(record.output_tie for record in records),  # differences from generate by a float tie
         ci_confidence=confidence,
+        mode=mode,
+        threshold=list(threshold) if isinstance(threshold, tuple) else threshold,
+        max_new_tokens=max_new_tokens,
     )

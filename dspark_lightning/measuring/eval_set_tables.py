@@ -1,14 +1,15 @@
 """Measured decoding on named evaluation sets: per set and mode, tau and speedup with bootstrap intervals over prompts.
 
 The sets are ``measuring/eval_sets.py`` (``sharegpt_heldout``: held-out conversation prompts; ``humaneval``: the 164
-HumanEval problems); each (set, mode, schedule) row is a ``decode_table`` row plus ``summarize_eval_set``'s keys
-(``eval_set``, ``measured_tau``, ``measured_tau_ci``, ``speedup``, ``speedup_ci``, ``acceptance_per_slot``).
+HumanEval problems); each (set, mode, schedule) is an ``EvalSetRow``: the ``decode_table`` row and the set's
+``EvalSetSummary`` (measured tau and speedup with their intervals, acceptance per slot).
 """
 
 from __future__ import annotations
 
 from dspark_lightning.measuring.eval_set_summary import summarize_eval_set
 from dspark_lightning.measuring.eval_sets import datamodule_prompt_ids
+from dspark_lightning.measuring.results import EvalSetRow, MeasuredRow
 from dspark_lightning.measuring.tables import (
     compact_table,
     decode_plan,
@@ -36,7 +37,7 @@ def measure_eval_sets(
     heldout_files: str | None = None,
     heldout_split: dict[str, float] | None = None,
     on_rows=None,
-) -> list[dict]:
+) -> list[EvalSetRow]:
     """One row per (set, mode, schedule): the decode row and the set's summary with 95% intervals over prompts.
     ``on_rows``: called with every set's rows so far after each row (a partial ``--json`` that survives a stop)."""
     rows = []
@@ -46,9 +47,12 @@ def measure_eval_sets(
         _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed, packed_verify)
         print(f"eval set {name}: {plan}", flush=True)
 
-        def finished(set_rows: list[dict], name: str = name) -> None:
+        def finished(set_rows: list[MeasuredRow], name: str = name) -> None:
             row = set_rows[-1]
-            rows.append(row | summarize_eval_set(name, row["prompt_records"]) | {"max_new_tokens": max_new_tokens})
+            summary = summarize_eval_set(
+                name, row.prompt_records, mode=row.mode, threshold=row.threshold, max_new_tokens=max_new_tokens
+            )
+            rows.append(EvalSetRow(summary=summary, decoded=row))
             if on_rows is not None:
                 on_rows(rows)
 
@@ -66,27 +70,26 @@ def _interval(value, interval, digits: int, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def print_eval_set_table(rows: list[dict]) -> None:
+def print_eval_set_table(rows: list[EvalSetRow]) -> None:
     """The eval-set rows as one rich table, a row per line (everything else is in the JSON)."""
-    confidence = rows[0]["ci_confidence"] if rows else 0.95
+    summaries = [row.summary for row in rows]
+    confidence = summaries[0].ci_confidence if summaries else 0.95
     table = compact_table(f"measured decoding per eval set ({confidence:.0%} bootstrap intervals over prompts)")
-    packed = any("speedup_vs_packed_generate" in row for row in rows)
+    packed = any(s.speedup_vs_packed_generate is not None for s in summaries)
     columns = ("eval set", "mode", "sched.", "n", "tau [CI]", "speedup [CI]", "= gen.")
     for column in columns + (("vs packed gen. [CI]",) if packed else ()):
         # an interval cut over two lines, or a set name cut short, reads as a different number
         table.add_column(column, justify="left" if column in ("eval set", "mode") else "right", no_wrap=True)
-    for row in rows:
-        equal = row["outputs_equal"]
-        packed_cell = (
-            _interval(row.get("speedup_vs_packed_generate"), row.get("speedup_vs_packed_generate_ci"), 2, "x"),
-        )
+    for s in summaries:
+        equal = s.outputs_equal
+        packed_cell = (_interval(s.speedup_vs_packed_generate, s.speedup_vs_packed_generate_ci, 2, "x"),)
         table.add_row(
-            row["eval_set"],
-            row["mode"],
-            schedule_label(row["threshold"]),
-            str(row["num_prompts"]),
-            _interval(row["measured_tau"], row["measured_tau_ci"], 2),
-            _interval(row["speedup"], row["speedup_ci"], 2, "x"),
+            s.eval_set,
+            s.mode,
+            schedule_label(s.threshold),
+            str(s.num_prompts),
+            _interval(s.measured_tau, s.measured_tau_ci, 2),
+            _interval(s.speedup, s.speedup_ci, 2, "x"),
             "-" if equal is None else ("yes" if equal else "[bold red]NO[/]"),
             *(packed_cell if packed else ()),
         )

@@ -29,10 +29,10 @@ def evaluate_variant(module, datamodule, *, num_prompts: int, max_new_tokens: in
     modes = [m for m in supported_modes(head) if head is None or m != "parallel"]
     prompts = datamodule.eval_prompts()[:num_prompts]
     decoded = measured_decoding(module, prompts, modes, max_new_tokens, k)
-    result["measured_tau"] = decoded[modes[0]]["tau"]
+    result["measured_tau"] = decoded[modes[0]].tau
     result["measured_mode"] = modes[0]
-    result["measured_selector_tau"] = decoded["selector"]["tau"] if "selector" in decoded else None
-    result["measured_accepted_per_slot"] = decoded[modes[0]]["accepted_rate_per_slot"]
+    result["measured_selector_tau"] = decoded["selector"].tau if "selector" in decoded else None
+    result["measured_accepted_per_slot"] = decoded[modes[0]].accepted_rate_per_slot
     result["num_prompts"] = len(prompts)
 
     blocks = collect_blocks(module, datamodule.val_dataloader(), max_blocks)

@@ -10,7 +10,7 @@ import torch
 
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.decoding.stats import PromptDecodeRecord
-from dspark_lightning.measuring.eval_set_summary import summarize_eval_set
+from dspark_lightning.measuring.results import EvalSetSummary
 
 PREFIX = "val/decode"
 
@@ -44,20 +44,13 @@ def decode_eval_set(
     return records
 
 
-def eval_set_summary(name: str, mode: str, records: list[PromptDecodeRecord]) -> dict | None:
-    """``summarize_eval_set``'s dict plus ``mode`` (None when no prompt had a verify step: nothing to log)."""
-    if not records:
-        return None
-    return summarize_eval_set(name, records) | {"mode": mode}
-
-
-def eval_set_metrics(summary: dict) -> dict[str, float]:
+def eval_set_metrics(summary: EvalSetSummary) -> dict[str, float]:
     """The scalars logged for one summary: tau, the two bounds of its interval and the number of prompts."""
-    prefix = metric_prefix(summary["eval_set"], summary["mode"])
-    low, high = summary["measured_tau_ci"]
+    prefix = metric_prefix(summary.eval_set, summary.mode)
+    low, high = summary.measured_tau_ci
     return {
-        f"{prefix}/tau": float(summary["measured_tau"]),
+        f"{prefix}/tau": float(summary.measured_tau),
         f"{prefix}/tau_ci_low": float(low),
         f"{prefix}/tau_ci_high": float(high),
-        f"{prefix}/num_prompts": float(summary["num_prompts"]),
+        f"{prefix}/num_prompts": float(summary.num_prompts),
     }

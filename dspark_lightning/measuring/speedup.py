@@ -7,7 +7,6 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict
 
 import torch
 
@@ -15,6 +14,7 @@ from dspark_lightning.decoding.kernels import PackedLinears
 from dspark_lightning.decoding.loop import speculative_generate
 from dspark_lightning.decoding.stats import DecodeStats, PromptDecodeRecord
 from dspark_lightning.decoding.target_forwards import causal_lm
+from dspark_lightning.measuring.results import GenerateComparison, PackedBaseline, SpeedupResult, Spread
 from dspark_lightning.measuring.ties import TIE_ULPS, classify_difference
 
 # the baseline's per-prompt tokens/s varies across prompts by little on a quiet machine (same target, similar
@@ -46,7 +46,7 @@ def load_average() -> list[float] | None:
         return None
 
 
-def spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds) -> dict:
+def spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds) -> Spread:
     """The noise of one measurement, from its per-prompt numbers: the interquartile range (IQR) of the per-prompt
     speedups and of the baseline's per-prompt tokens/s, and ``noisy`` when the latter's IQR exceeds ``NOISE_LIMIT``
     of its median (the baseline is the same target on every prompt, so its rate should barely move)."""
@@ -55,7 +55,7 @@ def spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds) -> dic
     s1, _, s3 = quartiles(speedups)
     r1, rate_median, r3 = quartiles(rates)
     relative = (r3 - r1) / rate_median if rate_median > 0 else float("nan")
-    return dict(
+    return Spread(
         prompt_speedups=speedups,
         prompt_speedup_iqr=s3 - s1,
         baseline_prompt_tokens_per_second=rates,
@@ -86,7 +86,7 @@ def measure_speedup(
     device=None,
     on_prompt: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
-) -> dict:
+) -> SpeedupResult:
     """Time greedy ``generate`` (the baseline) and greedy ``speculative_generate`` alternately, prompt by prompt.
 
     For each prompt the baseline runs first, then the speculative run, so load from other processes hits both
@@ -94,21 +94,14 @@ def measure_speedup(
     forward included). The outputs must be equal token for token (greedy speculative decoding is lossless) up to a
     float tie at the first differing token (``measuring.ties``): a tie is listed in ``ties``, any other difference
     in ``mismatches`` and raised as a warning; ``differences`` holds each one's position, logit gap and tolerance.
-    ``packed_verify`` is passed to the speculative runs, and adds a second baseline: ``generate`` on the same packed kernels (every linear of the target, head
-    included), timed between the two, so that what speculation gains is told apart from what the kernels gain (on
+    ``packed_verify`` is passed to the speculative runs, and adds a second baseline: ``generate`` on the same
+    packed kernels (every linear of the target, head included), timed between the two, so that what speculation gains is told apart from what the kernels gain (on
     2 CPU threads the packed kernels make ``generate`` itself ~10% faster). ``on_prompt()`` is called after each
     prompt's timed runs (a progress bar); ``clock`` is the timer (seconds).
 
-    Returns a dict: ``speedup`` = total baseline seconds / total speculative seconds, ``median_prompt_speedup``,
-    tokens/s of both, tau, the speculative run's phase times (``phase_ms_per_step``, ``prefill_seconds``),
-    ``accepted_rate_per_slot``, ``outputs_equal``, ``mismatches`` (prompt indices), the per-prompt seconds and
-    ``prompt_records`` (each prompt's ``PromptDecodeRecord`` as a dict, the input of ``summarize_eval_set``; a
-    prompt with no verify step has none) and ``stats`` (the merged ``DecodeStats`` of the speculative runs; drop it
-    before writing JSON). With ``packed_verify`` also ``packed_generate_seconds`` (total),
-    ``speedup_vs_packed_generate`` and ``packed_generate_mismatches``; the prompt records carry
-    ``packed_generate_seconds``.
-    The spread (``spread``): ``prompt_speedup_iqr``, ``baseline_tokens_per_second_iqr`` and its median, ``noisy``,
-    the ``load_average`` and ``torch_threads``; a noisy measurement is also a warning naming the load.
+    Returns a ``SpeedupResult`` (``measuring.results``; its fields are documented there): the speculative runs'
+    numbers, their ``comparison`` with ``generate`` (speedup, equality, the ``Spread`` and, with ``packed_verify``,
+    the ``PackedBaseline``) and each prompt's record. A noisy measurement is also a warning naming the load.
     """
     model = causal_lm(target)
     device = device if device is not None else next(model.parameters()).device
@@ -205,25 +198,36 @@ def measure_speedup(
             stacklevel=2,
         )
     noise = spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds)
-    if noise["noisy"]:
+    if noise.noisy:
         warnings.warn(
-            f"the target's own generate ran at {noise['baseline_relative_spread']:.0%} spread across prompts "
-            f"(IQR {noise['baseline_tokens_per_second_iqr']:.1f} of median "
-            f"{noise['baseline_tokens_per_second_median']:.1f} tokens/s, limit {NOISE_LIMIT:.0%}): this wall clock "
-            f"is too noisy to trust; load average {noise['load_average']} (os.getloadavg: 1, 5, 15 min)",
+            f"the target's own generate ran at {noise.baseline_relative_spread:.0%} spread across prompts "
+            f"(IQR {noise.baseline_tokens_per_second_iqr:.1f} of median "
+            f"{noise.baseline_tokens_per_second_median:.1f} tokens/s, limit {NOISE_LIMIT:.0%}): this wall clock "
+            f"is too noisy to trust; load average {noise.load_average} (os.getloadavg: 1, 5, 15 min)",
             stacklevel=3,  # measure_speedup's caller (torch.no_grad's wrapper is one frame)
         )
     merged = DecodeStats.merge(runs)
     baseline_tokens = sum(prompt_baseline_tokens)
     base_total, spec_total = sum(baseline_seconds), sum(speculative_seconds)
-    packed = {}
+    packed = None
     if packed_kernels is not None:
-        packed = dict(
+        packed = PackedBaseline(
             packed_generate_seconds=sum(packed_seconds),
             speedup_vs_packed_generate=sum(packed_seconds) / spec_total if spec_total > 0 else float("nan"),
             packed_generate_mismatches=packed_mismatches,
         )
-    return dict(
+    comparison = GenerateComparison(
+        speedup=base_total / spec_total if spec_total > 0 else float("nan"),
+        median_prompt_speedup=statistics.median(noise.prompt_speedups),
+        baseline_tokens_per_second=baseline_tokens / base_total if base_total > 0 else float("nan"),
+        outputs_equal=not mismatches,  # every output equals generate's, or differs from it by a float tie only
+        mismatches=mismatches,
+        ties=ties,
+        differences=differences,
+        spread=noise,
+        packed=packed,
+    )
+    return SpeedupResult(
         mode=mode,
         k=k,
         confidence_threshold=confidence_threshold,
@@ -236,9 +240,6 @@ def measure_speedup(
         baseline_new_tokens=baseline_tokens,
         baseline_seconds=base_total,
         speculative_seconds=spec_total,
-        speedup=base_total / spec_total if spec_total > 0 else float("nan"),
-        median_prompt_speedup=statistics.median(noise["prompt_speedups"]),
-        baseline_tokens_per_second=baseline_tokens / base_total if base_total > 0 else float("nan"),
         speculative_tokens_per_second=merged.new_tokens / spec_total if spec_total > 0 else float("nan"),
         tau=merged.tau,
         target_forwards=merged.target_forwards,
@@ -246,28 +247,21 @@ def measure_speedup(
         accepted_rate_per_slot=merged.accepted_rate_per_slot,
         phase_ms_per_step=merged.phase_ms_per_step(),
         prefill_seconds=merged.prefill_seconds,
-        outputs_equal=not mismatches,  # every output equals generate's, or differs from it by a float tie only
-        mismatches=mismatches,
-        ties=ties,
-        differences=differences,
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         baseline_prompt_seconds=baseline_seconds,
         speculative_prompt_seconds=speculative_seconds,
+        comparison=comparison,
         prompt_records=[
-            asdict(
-                PromptDecodeRecord.from_stats(
-                    run,
-                    baseline_seconds=b,
-                    speculative_seconds=s,
-                    outputs_equal=i not in mismatches,
-                    packed_generate_seconds=packed_seconds[i] if packed_seconds else None,
-                    output_tie=i in ties,
-                )
+            PromptDecodeRecord.from_stats(
+                run,
+                baseline_seconds=b,
+                speculative_seconds=s,
+                outputs_equal=i not in mismatches,
+                packed_generate_seconds=packed_seconds[i] if packed_seconds else None,
+                output_tie=i in ties,
             )
             for i, (run, b, s) in enumerate(zip(runs, baseline_seconds, speculative_seconds))
             if run.target_forwards > 0
         ],
-        **packed,
-        **noise,
         stats=merged,
     )

@@ -6,15 +6,16 @@ phase; with ``baseline`` also the target's own ``generate`` timed alternately an
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import nullcontext
-from dataclasses import asdict
 
 import torch
 
 from dspark_lightning.decoding import DecodeStats, speculative_generate
 from dspark_lightning.decoding.stats import PromptDecodeRecord
 from dspark_lightning.measuring.cost import best_verify_length
+from dspark_lightning.measuring.results import MeasuredRow
 from dspark_lightning.measuring.speedup import measure_speedup
 from dspark_lightning.progress import progress_bar
 
@@ -37,17 +38,6 @@ def runs_per_timed_prompt(packed: bool) -> int:
     return 3 if packed else 2
 
 
-NOISE_KEYS = (
-    "prompt_speedup_iqr",
-    "baseline_tokens_per_second_median",
-    "baseline_tokens_per_second_iqr",
-    "baseline_relative_spread",
-    "noisy",
-    "load_average",
-    "torch_threads",
-)
-
-
 def decode_table(
     module,
     prompts: list[list[int]],
@@ -61,12 +51,12 @@ def decode_table(
     packed_verify=False,
     progress: str | None = None,
     on_rows=None,
-):
-    """Run speculative generation over ``prompts`` for each mode x threshold; one summary dict per row.
+) -> list[MeasuredRow]:
+    """Run speculative generation over ``prompts`` for each mode x threshold; one ``MeasuredRow`` per pair.
 
     With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
-    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal; the row keeps the
-    measurement's spread (``NOISE_KEYS``). Each row keeps its per-prompt measurements (``prompt_records``, the input
+    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal (the row's
+    ``comparison``, its spread included). Each row keeps its per-prompt measurements (``prompt_records``, the input
     of ``summarize_eval_set``); a prompt with no verify step (its first token ended it) has no tau and is counted in
     ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
     ``on_rows``: called with the rows so far after each one (``decode --json`` keeps what an interrupted run measured).
@@ -84,53 +74,48 @@ def decode_table(
                     cost_model=threshold[1:] if isinstance(threshold, tuple) else None,
                     packed_verify=packed_verify,
                 )
+                label = dict(mode=mode, threshold=list(threshold) if isinstance(threshold, tuple) else threshold)
                 if timed:
                     on_prompt = lambda: advance(runs_per_prompt)  # noqa: E731
-                    row = _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt)
+                    row = _timed_row(module, prompts, max_new_tokens, k, schedule, on_prompt, label)
                 else:
-                    row = _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance)
-                rows.append(dict(mode=mode, threshold=threshold, **row))
+                    row = _untimed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, advance, label)
+                rows.append(row)
                 if on_rows is not None:
                     on_rows(rows)
     return rows
 
 
-def _timed_row(module, prompts, mode, max_new_tokens, k, schedule, on_prompt) -> dict:
+def _timed_row(module, prompts, max_new_tokens, k, schedule, on_prompt, label) -> MeasuredRow:
     result = measure_speedup(
-        module.target, module.drafter, prompts, max_new_tokens, mode=mode, k=k, on_prompt=on_prompt, **schedule
+        module.target, module.drafter, prompts, max_new_tokens, mode=label["mode"], k=k, on_prompt=on_prompt,
+        **schedule,
+    )  # fmt: skip
+    return dataclasses.replace(
+        _stats_row(result.stats, len(prompts), result.prompt_records, label),
+        tokens_per_second=result.speculative_tokens_per_second,  # over the timed calls, prompt forwards included
+        comparison=result.comparison,
+        dtype=result.dtype,
     )
-    measured = (
-        "speedup",
-        "median_prompt_speedup",
-        "baseline_tokens_per_second",
-        "outputs_equal",
-        "mismatches",
-        "ties",
-        "differences",
-        "dtype",
-    )
-    packed = ("speedup_vs_packed_generate", "packed_generate_seconds", "packed_generate_mismatches")
-    row = _stats_row(result["stats"], len(prompts), result["prompt_records"])
-    row["tokens_per_second"] = result["speculative_tokens_per_second"]
-    return row | {key: result[key] for key in (*measured, *NOISE_KEYS, *packed) if key in result}
 
 
-def _untimed_row(module, prompts, mode, temperature, max_new_tokens, k, seed, schedule, advance) -> dict:
+def _untimed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, advance, label) -> MeasuredRow:
     generator = torch.Generator().manual_seed(seed)
     runs = []
     for prompt in prompts:
         _, run = speculative_generate(
-            module.target, module.drafter, torch.tensor([prompt]), max_new_tokens, mode=mode, k=k,
+            module.target, module.drafter, torch.tensor([prompt]), max_new_tokens, mode=label["mode"], k=k,
             temperature=temperature, generator=generator, **schedule,
         )  # fmt: skip
         runs.append(run)
         advance()
-    records = [asdict(PromptDecodeRecord.from_stats(run)) for run in runs if run.target_forwards > 0]
-    return _stats_row(DecodeStats.merge(runs), len(prompts), records)
+    records = [PromptDecodeRecord.from_stats(run) for run in runs if run.target_forwards > 0]
+    return _stats_row(DecodeStats.merge(runs), len(prompts), records, label)
 
 
-def _stats_row(stats: DecodeStats, num_prompts: int, records: list[dict]) -> dict:
-    return dict(
+def _stats_row(stats: DecodeStats, num_prompts: int, records: list[PromptDecodeRecord], label: dict) -> MeasuredRow:
+    return MeasuredRow(
+        **label,
         tau=stats.tau,
         tokens_per_second=stats.tokens_per_second,
         mean_verified=stats.mean_verified,
@@ -141,10 +126,10 @@ def _stats_row(stats: DecodeStats, num_prompts: int, records: list[dict]) -> dic
     )
 
 
-def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, dict]:
+def measured_decoding(module, prompts, modes, max_new_tokens: int, k: int) -> dict[str, MeasuredRow]:
     """Greedy speculative decoding per mode on ``prompts`` -> {mode: decode_table row}."""
     rows = decode_table(module, prompts, modes, 0.0, [None], max_new_tokens, k)
-    return {row["mode"]: row for row in rows}
+    return {row.mode: row for row in rows}
 
 
 def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
@@ -152,13 +137,13 @@ def verify_length_table(rows, cost_model: tuple[float, float]) -> list[dict]:
     from its measured per-slot acceptance and drafter cost per step, under T(n) = t0 + t1 * n."""
     table = []
     for row in rows:
-        if row["threshold"] is not None or not row["accepted_rate_per_slot"]:
+        if row.threshold is not None or not row.accepted_rate_per_slot:
             continue
-        phases = row["phase_ms_per_step"]
+        phases = row.phase_ms_per_step
         overhead = (phases["draft_backbone"] + phases["draft_head"] + phases["bookkeeping"]) / 1e3
-        best = best_verify_length(row["accepted_rate_per_slot"], overhead, cost_model)
-        row["verify_length"] = best
-        table.append(dict(mode=row["mode"], overhead_ms=overhead * 1e3, **best))
+        best = best_verify_length(row.accepted_rate_per_slot, overhead, cost_model)
+        row.verify_length = best
+        table.append(dict(mode=row.mode, overhead_ms=overhead * 1e3, **best))
     return table
 
 
@@ -206,14 +191,14 @@ def compact_table(title: str):
     return Table(title=title, box=SIMPLE_HEAD, show_edge=False, collapse_padding=True)
 
 
-def print_decode_table(rows, title: str) -> None:
+def print_decode_table(rows: list[MeasuredRow], title: str) -> None:
     """The decode rows as three rich tables that fit 80 columns: the numbers, the accepted rate per slot, the ms per
     phase (everything else is in ``decode --json``). A greedy mismatch with ``generate`` is printed in red, a noisy
-    wall clock (``measure_speedup``'s ``noisy``) marks its speedup with ``?`` and is explained below the tables."""
+    wall clock (the comparison's ``spread.noisy``) marks its speedup with ``?`` and is explained below the tables."""
     table = compact_table(title)
-    with_baseline = any("speedup" in row for row in rows)
+    with_baseline = any(row.comparison is not None for row in rows)
     columns = ["mode", "sched.", "tau", "tok/s"]
-    with_packed = any("speedup_vs_packed_generate" in row for row in rows)
+    with_packed = any(row.comparison is not None and row.comparison.packed is not None for row in rows)
     columns += ["gen. tok/s", "speedup", "= gen."] if with_baseline else []
     columns += ["vs packed gen."] if with_packed else []
     columns += ["verified"]
@@ -227,37 +212,39 @@ def print_decode_table(rows, title: str) -> None:
         phases.add_column(column, justify="left" if column == "mode" else "right")
     mismatched, noisy = [], []
     for row in rows:
-        label = schedule_label(row["threshold"])
-        cells = [row["mode"], label, f"{row['tau']:.3f}", f"{row['tokens_per_second']:.1f}"]
-        if with_baseline:
-            equal = row.get("outputs_equal", True)
-            mark = "?" if row.get("noisy") else ""
-            cells += [f"{row['baseline_tokens_per_second']:.1f}", f"{row['speedup']:.2f}x{mark}"]
-            cells.append("yes" if equal else "[bold red]NO[/]")
+        label = schedule_label(row.threshold)
+        cells = [row.mode, label, f"{row.tau:.3f}", f"{row.tokens_per_second:.1f}"]
+        compared = row.comparison
+        if with_baseline and compared is not None:
+            is_noisy = compared.spread is not None and compared.spread.noisy
+            cells += [f"{compared.baseline_tokens_per_second:.1f}", f"{compared.speedup:.2f}x{'?' if is_noisy else ''}"]
+            cells.append("yes" if compared.outputs_equal else "[bold red]NO[/]")
             if with_packed:
-                cells.append(
-                    f"{row['speedup_vs_packed_generate']:.2f}x" if "speedup_vs_packed_generate" in row else "-"
-                )
-            mismatched += [] if equal else [row]
-            noisy += [row] if row.get("noisy") else []
-        table.add_row(*cells, f"{row['mean_verified']:.2f}")
-        rates = " ".join("-" if math.isnan(v) else f"{v:.2f}" for v in row["accepted_rate_per_slot"])
-        slots.add_row(row["mode"], label, rates)
-        ms = row["phase_ms_per_step"]
+                packed = compared.packed
+                cells.append(f"{packed.speedup_vs_packed_generate:.2f}x" if packed is not None else "-")
+            mismatched += [] if compared.outputs_equal else [row]
+            noisy += [row] if is_noisy else []
+        elif with_baseline:
+            cells += ["-", "-", "-"] + (["-"] if with_packed else [])
+        table.add_row(*cells, f"{row.mean_verified:.2f}")
+        rates = " ".join("-" if math.isnan(v) else f"{v:.2f}" for v in row.accepted_rate_per_slot)
+        slots.add_row(row.mode, label, rates)
+        ms = row.phase_ms_per_step
         phases.add_row(
-            row["mode"], label, *(f"{ms[p]:.2f}" for p in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
+            row.mode, label, *(f"{ms[p]:.2f}" for p in ("draft_backbone", "draft_head", "verify", "bookkeeping"))
         )
     console = table_console()
     for out in (table, slots, phases):
         console.print(out)
     for row in noisy:
+        spread = row.comparison.spread
         console.print(
-            f"[yellow]? {row['mode']} / {schedule_label(row['threshold'])}: generate's tokens/s spread "
-            f"{row['baseline_relative_spread']:.0%} across prompts (IQR / median, over 25%): too noisy to trust; "
-            f"load average {row['load_average']}[/]"
+            f"[yellow]? {row.mode} / {schedule_label(row.threshold)}: generate's tokens/s spread "
+            f"{spread.baseline_relative_spread:.0%} across prompts (IQR / median, over 25%): too noisy to trust; "
+            f"load average {spread.load_average}[/]"
         )
     for row in mismatched:
         console.print(
-            f"[bold red]MISMATCH: {row['mode']} / {schedule_label(row['threshold'])} differs from the target's greedy "
-            f"generate on prompts {row['mismatches']}: greedy speculative decoding must be lossless[/]"
+            f"[bold red]MISMATCH: {row.mode} / {schedule_label(row.threshold)} differs from the target's greedy "
+            f"generate on prompts {row.comparison.mismatches}: greedy speculative decoding must be lossless[/]"
         )

@@ -23,7 +23,13 @@ from dspark_lightning.measuring.eval_set_tables import DEFAULT_MAX_NEW_TOKENS
 from dspark_lightning.measuring.eval_sets import EvalSetName, check_eval_sets
 from dspark_lightning.shipped import SHIPPED_ROOT
 from dspark_lightning.studies.command_lines import command_line
-from dspark_lightning.studies.loss_study_results import aggregate, markdown_report, plot_study, rerender_study
+from dspark_lightning.studies.loss_study_results import (
+    aggregate,
+    eval_set_summary,
+    markdown_report,
+    plot_study,
+    rerender_study,
+)
 from dspark_lightning.studies.quiet_output import quieted
 from dspark_lightning.studies.recipes import Recipe, load_recipe, repo_relative
 from dspark_lightning.studies.report import Budget, train_and_evaluate
@@ -171,7 +177,10 @@ def run_study(
             f"[{len(runs)}/{total}] {label:14s} seed {seed} fit {row['fit_seconds']:.0f}s eval "
             f"{row['eval_seconds']:.0f}s | teacher-forced tau {row['teacher_tau']:.3f} | measured tau "
             f"{row['measured_tau']:.3f}"
-            + "".join(f" | {e['eval_set']} tau {format_number(e['measured_tau'])}" for e in row.get("eval_sets", []))
+            + "".join(
+                f" | {s.eval_set} tau {format_number(s.measured_tau)}"
+                for s in (eval_set_summary(e, row["loss"]) for e in row.get("eval_sets", []))
+            )
         )
         return row
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from dspark_lightning.machine import machine_line
+from dspark_lightning.measuring.results import EvalSetRow, EvalSetSummary, from_json
 from dspark_lightning.studies.recipes import load_recipe
 from dspark_lightning.studies.table_cells import format_mean_std
 
@@ -62,23 +63,33 @@ def aggregate(label: str, runs: list[dict]) -> dict:
 def aggregate_eval_sets(runs: list[dict]) -> list[dict]:
     """Per evaluation set (whole-block rows): the seed mean and std of the runs' measured tau, and each run's tau
     and 95% interval over prompts (``measured_tau_per_seed``, ``measured_tau_ci_per_seed``, in seed order)."""
-    rows = [e for r in runs for e in r.get("eval_sets", []) if e.get("threshold") is None]
+    summaries = [
+        eval_set_summary(e, f"{r.get('label', 'run')} seed {r.get('seed')}")
+        for r in runs
+        for e in r.get("eval_sets", [])
+    ]
+    summaries = [s for s in summaries if s.threshold is None]
     out = []
-    for name in dict.fromkeys(e["eval_set"] for e in rows):
-        mine = [e for e in rows if e["eval_set"] == name]
-        mean, std = _mean_std([e["measured_tau"] for e in mine])
+    for name in dict.fromkeys(s.eval_set for s in summaries):
+        mine = [s for s in summaries if s.eval_set == name]
+        mean, std = _mean_std([s.measured_tau for s in mine])
         out.append(
             {
                 "eval_set": name,
                 "n": len(mine),
-                "num_prompts": [e["num_prompts"] for e in mine],
+                "num_prompts": [s.num_prompts for s in mine],
                 "measured_tau": mean,
                 "measured_tau_std": std,
-                "measured_tau_per_seed": [e["measured_tau"] for e in mine],
-                "measured_tau_ci_per_seed": [e["measured_tau_ci"] for e in mine],
+                "measured_tau_per_seed": [s.measured_tau for s in mine],
+                "measured_tau_ci_per_seed": [s.measured_tau_ci for s in mine],
             }
         )
     return out
+
+
+def eval_set_summary(entry: dict, where: str) -> EvalSetSummary:
+    """One run's eval-set entry in results.json (an ``EvalSetRow``, or a pre-schema flat row) as its summary."""
+    return from_json(EvalSetRow, entry, f"{where} eval_sets").summary
 
 
 def eval_set_lines(study: dict) -> list[str]:

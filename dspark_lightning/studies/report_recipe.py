@@ -27,6 +27,7 @@ from dspark_lightning.measuring.eval_set_tables import DEFAULT_MAX_NEW_TOKENS, m
 from dspark_lightning.measuring.eval_sets import EvalSetName
 from dspark_lightning.measuring.head_measurements import evaluate_variant
 from dspark_lightning.measuring.loading import in_dtype
+from dspark_lightning.measuring.results import EvalSetRow, SpeedupResult, from_json, to_json
 from dspark_lightning.studies.command_lines import command_line
 from dspark_lightning.studies.quiet_output import quieted
 from dspark_lightning.studies.recipes import HEADS, Recipe, load_recipe
@@ -127,9 +128,8 @@ def time_against_generate(row, online, datamodule, num_prompts, max_new_tokens, 
         online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
         packed_verify=packed_verify,
     )  # fmt: skip
-    timing.pop("stats")  # the merged DecodeStats object; its numbers are in the dict already
-    row["wall_clock"] = timing
-    row["speedup"] = timing["speedup"]  # the whole-block speedup at the top of the row, beside measured_tau
+    row["wall_clock"] = to_json(timing)
+    row["speedup"] = timing.comparison.speedup  # the whole-block speedup at the top of the row, beside measured_tau
     if not cost_model:
         return None
     cost = measure_verify_cost(online.target, max_block=online.drafter.block_size, packed_verify=packed_verify)
@@ -137,8 +137,7 @@ def time_against_generate(row, online, datamodule, num_prompts, max_new_tokens, 
         online.target, online.drafter, prompts, max_new_tokens, mode=row["measured_mode"], k=k,
         packed_verify=packed_verify, cost_model=cost,
     )  # fmt: skip
-    scheduled.pop("stats")
-    row["wall_clock_scheduled"] = scheduled
+    row["wall_clock_scheduled"] = to_json(scheduled)
     return cost
 
 
@@ -148,20 +147,24 @@ def eval_set_rows(
     heldout_split: dict[str, float] | None = None,
 ) -> list[dict]:  # fmt: skip
     """Greedy decoding of ``module`` in ``mode`` on each evaluation set (``measure_eval_sets``): per set and
-    schedule, the ``EVAL_SET_KEYS`` of its row (``baseline``: timed against ``generate``, with the speedup)."""
+    schedule, its ``EvalSetRow`` as JSON (``baseline``: timed against ``generate``, with the speedup)."""
     measured = measure_eval_sets(
         module, datamodule, list(names), [mode], list(schedules), temperature=0.0, max_new_tokens=max_new_tokens,
         k=k, limit=limit, baseline=baseline, packed_verify=packed_verify, heldout_files=heldout_files,
         heldout_split=heldout_split,
     )  # fmt: skip
-    return [{key: r[key] for key in EVAL_SET_KEYS} for r in measured]
+    return [to_json(row) for row in measured]
 
 
-# per eval set and schedule in results.json: the summary with its intervals, and every prompt's raw measurements
-EVAL_SET_KEYS = (
-    "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
-    "speedup_ci", "ci_confidence", "acceptance_per_slot", "outputs_equal", "prompts_without_verify", "prompt_records",
-)  # fmt: skip
+def wall_clock(row: dict, key: str = "wall_clock") -> SpeedupResult | None:
+    """A report row's timing against ``generate`` (``wall_clock`` or ``wall_clock_scheduled``), None if absent."""
+    return from_json(SpeedupResult, row[key], f"head {row.get('head')} {key}") if key in row else None
+
+
+def _timed_dtype(row: dict, default: str) -> str:
+    """The dtype the row was timed in (the target's), else ``default`` (the ``--dtype`` option)."""
+    timing = wall_clock(row)
+    return timing.dtype if timing is not None and timing.dtype is not None else default
 
 
 def machine_text(rows: list[dict]) -> str:
@@ -178,15 +181,17 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
     made_by = "; ".join(
         f"`{c}` ({', '.join(r['head'] for r in rows if r.get('command', command) == c)})" for c in commands
     )
+    timings = [wall_clock(r) for r in rows]
+    first = timings[0]
     lines = [
         f"# DSpark heads on {recipe.title} (CPU)",
         "",
         f"Made by {made_by}. {machine_text(rows)} Every head: "
         f"`{recipe.fit_config}` + `configs/heads/<head>.yaml` {recipe.training_note}, "
         f"{', '.join(sorted({str(r.get('steps', steps)) for r in rows}))} steps, seed 0. Measured decoding and "
-        f"wall clock: {rows[0]['wall_clock']['prompts']} held-out prompts (validation split) x "
-        f"{rows[0]['wall_clock']['max_new_tokens']} new tokens, greedy, the target re-loaded whole; verify forward "
-        f"on {'packed (oneDNN)' if rows[0]['wall_clock'].get('packed_verify') else 'the default'} kernels, "
+        f"wall clock: {first.prompts} held-out prompts (validation split) x "
+        f"{first.max_new_tokens} new tokens, greedy, the target re-loaded whole; verify forward "
+        f"on {'packed (oneDNN)' if first.packed_verify else 'the default'} kernels, "
         "`generate` on the default ones.",
         "",
     ]
@@ -198,9 +203,8 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
         + "| draft / verify ms per step | outputs equal |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|" + ("---:|" if scheduled else "") + "---:|---|",
     ]
-    for r in rows:
-        w = r["wall_clock"]
-        phases = w["phase_ms_per_step"]
+    for r, w in zip(rows, timings):
+        phases = w.phase_ms_per_step
         draft = phases["draft_backbone"] + phases["draft_head"]
         lines.append(
             f"| {r['head']} | {format_number(r['teacher_tau'])} | {format_number(r['teacher_greedy_tau'])} "
@@ -208,8 +212,9 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
             f"| {format_number(r['measured_selector_tau'])} | {format_number(r['agreement_at_k'])} "
             f"| {format_number(r['coverage_at_k'])} "
             f"| {format_number(r['ece_before'], 4)} -> {format_number(r['ece_after'], 4)} "
-            f"| {w['baseline_tokens_per_second']:.1f} | {w['speculative_tokens_per_second']:.1f} | {w['speedup']:.2f}x "
-            + (_scheduled_cell(r["wall_clock_scheduled"]) if scheduled else "")
+            f"| {w.comparison.baseline_tokens_per_second:.1f} | {w.speculative_tokens_per_second:.1f} "
+            f"| {w.comparison.speedup:.2f}x "
+            + (_scheduled_cell(wall_clock(r, "wall_clock_scheduled")) if scheduled else "")
             + f"| {draft:.1f} / {phases['verify']:.1f} "
             f"| {'yes' if not _mismatches(r) else 'NO: prompts ' + str(_mismatches(r))} |"
         )
@@ -219,7 +224,11 @@ def markdown(rows: list[dict], recipe: Recipe, *, k: int, steps: int, command: s
 
 def eval_set_table(rows: list[dict]) -> list[str]:
     """The evaluation-set measurements of every head that has them, one line per (head, set, schedule)."""
-    measured = [(r["head"], e) for r in rows for e in r.get("eval_sets", [])]
+    measured = [
+        (r["head"], from_json(EvalSetRow, e, f"head {r['head']} eval_sets").summary)
+        for r in rows
+        for e in r.get("eval_sets", [])
+    ]
     if not measured:
         return []
 
@@ -228,30 +237,30 @@ def eval_set_table(rows: list[dict]) -> list[str]:
 
     lines = [
         "",
-        f"Evaluation sets ({measured[0][1]['max_new_tokens']} new tokens per prompt, greedy; 95% paired bootstrap "
+        f"Evaluation sets ({measured[0][1].max_new_tokens} new tokens per prompt, greedy; 95% paired bootstrap "
         "intervals over prompts; speedup = total `generate` seconds / total speculative seconds, timed alternately):",
         "",
         "| head | eval set | schedule | prompts | measured tau [95% CI] | speedup [95% CI] | outputs equal |",
         "|---|---|---|---:|---|---|---|",
     ]
     for head, e in measured:
-        schedule = "cost model" if isinstance(e["threshold"], list | tuple) else "whole blocks"
+        schedule = "cost model" if isinstance(e.threshold, list | tuple) else "whole blocks"
         lines.append(
-            f"| {head} | {e['eval_set']} | {schedule} | {e['num_prompts']} "
-            f"| {interval(e['measured_tau'], e['measured_tau_ci'])} | {interval(e['speedup'], e['speedup_ci'], 'x')} "
-            f"| {'yes' if e['outputs_equal'] else 'NO'} |"
+            f"| {head} | {e.eval_set} | {schedule} | {e.num_prompts} "
+            f"| {interval(e.measured_tau, e.measured_tau_ci)} | {interval(e.speedup, e.speedup_ci, 'x')} "
+            f"| {'yes' if e.outputs_equal else 'NO'} |"
         )
     return lines
 
 
-def _scheduled_cell(w: dict) -> str:
-    return f"| {w['speedup']:.2f}x ({w['mean_verified']:.2f}) "
+def _scheduled_cell(w: SpeedupResult) -> str:
+    return f"| {w.comparison.speedup:.2f}x ({w.mean_verified:.2f}) "
 
 
 def _mismatches(row: dict) -> list[int]:
     """Prompts whose output differed from ``generate`` in either timing."""
-    both = [row["wall_clock"], row.get("wall_clock_scheduled", {})]
-    return sorted({i for w in both for i in w.get("mismatches", [])})
+    both = [wall_clock(row), wall_clock(row, "wall_clock_scheduled")]
+    return sorted({i for w in both if w is not None for i in w.comparison.mismatches})
 
 
 def break_even(rows: list[dict]) -> list[str]:
@@ -264,14 +273,15 @@ def break_even(rows: list[dict]) -> list[str]:
         lines[0] += f", against {base['measured_tau']:.3f} for the head-less DFlash drafter"
     lines[0] += "."
     for r in rows:
-        w = r["wall_clock"]
-        step_ms = sum(w["phase_ms_per_step"].values())
-        needed = step_ms * w["baseline_tokens_per_second"] / 1e3
+        w = wall_clock(r)
+        phases, generate_rate = w.phase_ms_per_step, w.comparison.baseline_tokens_per_second
+        step_ms = sum(phases.values())
+        needed = step_ms * generate_rate / 1e3
         lines.append(
             f"- {r['head']}: one speculative step costs {step_ms:.0f} ms (drafter "
-            f"{w['phase_ms_per_step']['draft_backbone'] + w['phase_ms_per_step']['draft_head']:.0f} ms), one "
-            f"`generate` token {1e3 / w['baseline_tokens_per_second']:.0f} ms: break-even at tau = {needed:.2f}, "
-            f"measured {w['tau']:.2f}"
+            f"{phases['draft_backbone'] + phases['draft_head']:.0f} ms), one "
+            f"`generate` token {1e3 / generate_rate:.0f} ms: break-even at tau = {needed:.2f}, "
+            f"measured {w.tau:.2f}"
             + (f" (load average {r['load_average']:.1f} on the 2 cores when timed)." if "load_average" in r else ".")
         )
     return lines
@@ -369,7 +379,7 @@ def report_recipe_command(
                 )  # fmt: skip
             row.update(
                 head=head, block_size=cli.model.drafter.config.block_size, command=command, steps=steps,
-                machine=machine_description(), dtype=row.get("wall_clock", {}).get("dtype", dtype),
+                machine=machine_description(), dtype=_timed_dtype(row, dtype),
             )  # fmt: skip
             rows.append(row)
             rows.sort(key=lambda r: HEADS.index(r["head"]))
@@ -379,7 +389,7 @@ def report_recipe_command(
             )
             plots = plot_results(rows, output, k)
             (output / "report.md").write_text(markdown(rows, loaded, k=k, steps=steps, command=command, plots=plots))
-            print(f"{head}: measured tau {row['measured_tau']:.3f}, speedup {row['wall_clock']['speedup']:.2f}x")
+            print(f"{head}: measured tau {row['measured_tau']:.3f}, speedup {wall_clock(row).comparison.speedup:.2f}x")
     finally:
         if not runs_dir:
             shutil.rmtree(runs, ignore_errors=True)

@@ -23,6 +23,7 @@ import torch
 
 from dspark_lightning.machine import machine_line
 from dspark_lightning.measuring.intervals import ratio_difference_bootstrap_ci
+from dspark_lightning.measuring.results import read_eval_set_rows
 
 BASE = "base"  # --base: the run every other one is paired with
 # the base recipe's measured-tau trend per 10x training tokens, fitted by the earlier study on the same target
@@ -113,7 +114,8 @@ def collect(study_dir: Path, base: str = BASE, kind: str = "decode") -> list[dic
             continue
         run_settings = settings(run_dir / f"step={budget['steps']}.ckpt")
         start = stage_start(study_dir, run_settings["init_weights"])
-        for row in json.loads(decode_json.read_text()):
+        for measured in read_eval_set_rows(decode_json):
+            summary, decoded = measured.summary, measured.decoded
             points.append(dict(
                 run=run_dir.name, steps=budget["steps"], budget_s=budget["budget_s"],
                 probe_seconds_per_step=budget["probe_seconds_per_step"],
@@ -121,11 +123,12 @@ def collect(study_dir: Path, base: str = BASE, kind: str = "decode") -> list[dic
                 start_fit_seconds=start.get("fit_wall_seconds"), start_steps=start.get("steps"),
                 tf_greedy_tau=final_tf_greedy_tau(study_dir / f"{run_dir.name}.fit.log"),
                 training_tokens=(budget["steps"] + start.get("steps", 0)) * run_settings["seq_len"], **run_settings,
-                eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
-                max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
-                measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
-                prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
-                dtype=row.get("dtype"), machine=row.get("machine"), temperature=row.get("temperature", 0.0),
+                eval_set=summary.eval_set, mode=summary.mode, num_prompts=summary.num_prompts,
+                max_new_tokens=summary.max_new_tokens, measured_tau=summary.measured_tau,
+                measured_tau_ci=summary.measured_tau_ci, acceptance_per_slot=summary.acceptance_per_slot,
+                prompt_counts=[[r.emitted_tokens, r.target_forwards] for r in decoded.prompt_records],
+                dtype=decoded.dtype, machine=decoded.machine,
+                temperature=decoded.temperature if decoded.temperature is not None else 0.0,
             ))  # fmt: skip
     return sorted(points, key=lambda p: (p["run"] != base, p["run"], p["eval_set"] != "sharegpt_heldout"))
 
@@ -140,29 +143,31 @@ def collect_wall_clock(study_dir: Path) -> list[dict]:
         if not timed.exists():
             continue
         ckpt_settings = settings(budget_file.parent / f"step={steps}.ckpt")
-        for row in json.loads(timed.read_text()):
-            records = row["prompt_records"]
+        for measured in read_eval_set_rows(timed):
+            summary, decoded = measured.summary, measured.decoded
+            records, spread = decoded.prompt_records, decoded.comparison.spread
             # packed verify: generate timed on its default and on the packed kernels; otherwise (bf16) the speculative
             # loop verifies on generate's own default kernels, so its plain speedup is the same-kernel one
-            packed = row.get("speedup_vs_packed_generate") is not None
+            packed = summary.speedup_vs_packed_generate is not None
             same, same_ci = (
-                (row["speedup_vs_packed_generate"], row["speedup_vs_packed_generate_ci"])
+                (summary.speedup_vs_packed_generate, summary.speedup_vs_packed_generate_ci)
                 if packed
-                else (row["speedup"], row["speedup_ci"])
+                else (summary.speedup, summary.speedup_ci)
             )
             rows.append(dict(
                 run=budget_file.parent.name, steps=steps, markov_head=ckpt_settings["markov_head"],
-                eval_set=row["eval_set"], schedule="cost model" if isinstance(row.get("threshold"), list) else "whole blocks",
-                num_prompts=row["num_prompts"], max_new_tokens=row["max_new_tokens"],
-                measured_tau=row["measured_tau"], measured_tau_ci=row["measured_tau_ci"],
-                speedup=row["speedup"], speedup_ci=row["speedup_ci"],
+                eval_set=summary.eval_set, schedule="cost model" if isinstance(summary.threshold, list) else "whole blocks",
+                num_prompts=summary.num_prompts, max_new_tokens=summary.max_new_tokens,
+                measured_tau=summary.measured_tau, measured_tau_ci=summary.measured_tau_ci,
+                speedup=summary.speedup, speedup_ci=summary.speedup_ci,
                 speedup_vs_packed_generate=same, speedup_vs_packed_generate_ci=same_ci, verify_kernels=
-                "oneDNN-packed" if packed else "default", dtype=row.get("dtype"),
+                "oneDNN-packed" if packed else "default", dtype=decoded.dtype,
                 # the tau at which this run's cost per step would pay against the same-kernel generate (speedup ∝ tau)
-                break_even_tau=row["measured_tau"] / same, mean_verified=row.get("mean_verified"),
-                outputs_equal=sum(bool(r.get("outputs_equal")) for r in records),
-                output_ties=sum(bool(r.get("output_tie")) for r in records),
-                torch_threads=row.get("torch_threads"), load_average=row.get("load_average"), machine=row.get("machine"),
+                break_even_tau=summary.measured_tau / same, mean_verified=decoded.mean_verified,
+                outputs_equal=sum(bool(r.outputs_equal) for r in records),
+                output_ties=sum(bool(r.output_tie) for r in records),
+                torch_threads=spread.torch_threads if spread else None,
+                load_average=spread.load_average if spread else None, machine=decoded.machine,
             ))  # fmt: skip
     return rows
 

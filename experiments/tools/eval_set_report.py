@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from dspark_lightning.machine import machine_description
 from dspark_lightning.measuring.intervals import ratio_difference_bootstrap_ci
+from dspark_lightning.measuring.results import EvalSetRow, read_eval_set_rows
 
 KEYS = (
     "eval_set", "mode", "threshold", "num_prompts", "max_new_tokens", "measured_tau", "measured_tau_ci", "speedup",
@@ -123,10 +125,30 @@ def read_rows(spec: str) -> list[dict]:
     # a file's own name may hold "=" (study/.../step=1200.decode.json): only a spec that is no file names a head
     head, _, path = ("", "", spec) if Path(spec).is_file() else spec.partition("=")
     rows = []
-    for r in json.loads(Path(path).read_text()):
-        row = ({"head": head} if head else {}) | {k: r.get(k) for k in KEYS}
+    for measured in read_eval_set_rows(path):
+        row = ({"head": head} if head else {}) | study_row(measured)
         rows.append(row | {"break_even_tau": break_even_tau(row)})
     return rows
+
+
+def study_row(measured: EvalSetRow) -> dict:
+    """This report's row (``KEYS``) of one eval-set row: its summary, its decode row's numbers, its spread."""
+    summary, decoded = measured.summary, measured.decoded
+    compared = decoded.comparison if decoded is not None else None
+    spread = compared.spread if compared is not None else None
+    return dict(
+        eval_set=summary.eval_set, mode=summary.mode, threshold=summary.threshold, num_prompts=summary.num_prompts,
+        max_new_tokens=summary.max_new_tokens, measured_tau=summary.measured_tau,
+        measured_tau_ci=summary.measured_tau_ci, speedup=summary.speedup, speedup_ci=summary.speedup_ci,
+        ci_confidence=summary.ci_confidence, acceptance_per_slot=summary.acceptance_per_slot,
+        outputs_equal=summary.outputs_equal, prompts_without_verify=decoded.prompts_without_verify,
+        mean_verified=decoded.mean_verified, phase_ms_per_step=decoded.phase_ms_per_step,
+        noisy=spread.noisy if spread else None, load_average=spread.load_average if spread else None,
+        torch_threads=spread.torch_threads if spread else None,
+        prompt_records=[asdict(record) for record in decoded.prompt_records],
+        speedup_vs_packed_generate=summary.speedup_vs_packed_generate,
+        speedup_vs_packed_generate_ci=summary.speedup_vs_packed_generate_ci,
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from dspark_lightning.measuring.intervals import ratio_difference_bootstrap_ci
+from dspark_lightning.measuring.results import read_eval_set_rows
 
 SETTINGS = ("num_layers", "max_anchors", "lr", "conversations", "max_steps")  # what tells two runs' configs apart
 TARGETS = {"sharegpt_heldout": 2.0, "humaneval": 2.5}  # issue #28's measured-tau targets per eval set
@@ -65,15 +66,16 @@ def collect(study_dir: Path) -> list[dict]:
         per_step = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(times, times[1:], strict=False)]
         # the fit validates once, at its last step: the run's own teacher-forced number on the cached validation rows
         tf_tau = final_tf_greedy_tau(study_dir / f"{run}.fit.log") if step == times[-1][0] else None
-        for row in json.loads(decode_json.read_text()):
+        for row in read_eval_set_rows(decode_json):
+            summary = row.summary
             points.append(dict(
                 run=run, step=step, max_steps=times[-1][0], **settings,
                 training_tokens=step * settings["batch_size"] * settings["seq_len"],
                 seconds_per_step=sum(per_step) / len(per_step) if per_step else None, tf_greedy_tau=tf_tau,
-                eval_set=row["eval_set"], mode=row["mode"], num_prompts=row["num_prompts"],
-                max_new_tokens=row["max_new_tokens"], measured_tau=row["measured_tau"],
-                measured_tau_ci=row["measured_tau_ci"], acceptance_per_slot=row["acceptance_per_slot"],
-                prompt_counts=[[r["emitted_tokens"], r["target_forwards"]] for r in row["prompt_records"]],
+                eval_set=summary.eval_set, mode=summary.mode, num_prompts=summary.num_prompts,
+                max_new_tokens=summary.max_new_tokens, measured_tau=summary.measured_tau,
+                measured_tau_ci=summary.measured_tau_ci, acceptance_per_slot=summary.acceptance_per_slot,
+                prompt_counts=[[r.emitted_tokens, r.target_forwards] for r in row.decoded.prompt_records],
             ))  # fmt: skip
     return sorted(points, key=lambda p: (p["run"], p["step"], p["eval_set"] != "sharegpt_heldout"))
 

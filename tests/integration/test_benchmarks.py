@@ -29,6 +29,7 @@ from benchmarks.training import quickstart_wall_time as bench_quickstart  # noqa
 from benchmarks.training import step_scaling as bench_scaling  # noqa: E402
 from benchmarks.training import step_vs_speculators as bench_train_step  # noqa: E402
 from dspark_lightning import huge_pages  # noqa: E402
+from dspark_lightning.measuring.results import SpeedupResult, from_json  # noqa: E402
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -88,8 +89,9 @@ def test_scaling_quick_writes_table_and_plots(tmp_path):
 
 def test_decode_quick_writes_speedup_and_context_sweep(tmp_path):
     report = bench_decode.run(quick=True, out_dir=tmp_path, log=lambda *_: None)
-    assert [(r["mode"], r["drafter_cache"]) for r in report["speedup"]] == [("markov", True), ("markov", False)]
-    assert all(r["outputs_equal"] and r["speedup"] > 0 for r in report["speedup"])  # greedy: lossless
+    results = [from_json(SpeedupResult, r) for r in report["speedup"]]
+    assert [(r.mode, r.drafter_cache) for r in results] == [("markov", True), ("markov", False)]
+    assert all(r.comparison.outputs_equal and r.comparison.speedup > 0 for r in results)  # greedy: lossless
     header, records = read_csv(tmp_path / "decode_quick.csv")
     assert header == bench_decode.COLUMNS and [int(r["context"]) for r in records] == list(bench_decode.LENGTHS[:2])
     assert all(float(r["cached_ms"]) > 0 and float(r["uncached_ms"]) > 0 for r in records)

@@ -10,6 +10,7 @@ from helpers.hostile import fit_args
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
 from dspark_lightning.machine import FLAGS
+from dspark_lightning.measuring.results import MeasuredRow, from_json
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +26,16 @@ def test_bf16_decode_is_measured_against_bf16_generate_and_names_the_machine(che
         ["decode", f"--ckpt_path={checkpoint}", "--modes=[parallel,markov]", "--num_prompts=2",
          "--max_new_tokens=16", "--dtype=bfloat16", f"--json={out}"]
     )  # fmt: skip
-    written = json.loads(out.read_text())
+    written = [from_json(MeasuredRow, row, str(out)) for row in json.loads(out.read_text())]
     assert len(written) == len(rows) == 2
     for row in written:
-        assert row["dtype"] == "bfloat16"  # the target decoded (and generate ran) in bf16: measure_speedup read it
-        assert row["temperature"] == 0.0  # greedy, said in the file
-        assert set(FLAGS) <= set(row["machine"]) and row["machine"]["torch"] and row["machine"]["cpu"]
+        assert row.dtype == "bfloat16"  # the target decoded (and generate ran) in bf16: measure_speedup read it
+        assert row.temperature == 0.0  # greedy, said in the file
+        assert set(FLAGS) <= set(row.machine) and row.machine["torch"] and row.machine["cpu"]
         # greedy speculation equals bf16 generate, or differs from it by a counted float tie
-        assert row["outputs_equal"] and row["mismatches"] == [] and isinstance(row["ties"], list)
-        assert all(d["kind"] == "tie" for d in row["differences"])
+        compared = row.comparison
+        assert compared.outputs_equal and compared.mismatches == [] and isinstance(compared.ties, list)
+        assert all(d["kind"] == "tie" for d in compared.differences)
 
 
 def test_a_sampled_decode_names_its_temperature_in_the_json(checkpoint, tmp_path):
@@ -42,8 +44,9 @@ def test_a_sampled_decode_names_its_temperature_in_the_json(checkpoint, tmp_path
         ["decode", f"--ckpt_path={checkpoint}", "--modes=[markov]", "--num_prompts=2", "--max_new_tokens=8",
          "--temperature=0.7", "--baseline=false", "--dtype=bfloat16", f"--json={out}"]
     )  # fmt: skip
-    (row,) = json.loads(out.read_text())
-    assert row["temperature"] == 0.7 and row["tau"] >= 1.0  # every emitted block holds at least one token
+    (row,) = [from_json(MeasuredRow, row, str(out)) for row in json.loads(out.read_text())]
+    assert row.temperature == 0.7 and row.tau >= 1.0  # every emitted block holds at least one token
+    assert row.comparison is None  # sampled: nothing to compare with greedy generate
 
 
 def test_bf16_with_packed_verify_is_refused_naming_both_options(checkpoint):

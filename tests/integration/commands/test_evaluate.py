@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
 from dspark_lightning.machine import machine_description
 from dspark_lightning.measuring.loading import load_trained
+from dspark_lightning.measuring.results import EvalSetRow, MeasuredRow, from_json, to_json
 
 
 @pytest.fixture(scope="module")
@@ -56,39 +58,42 @@ def test_decode_command_measures_real_acceptance(trained_checkpoint, tmp_path, c
             f"--json={out}",
         ]
     )
-    written = json.loads(out.read_text())
-    assert {row.pop("machine")["cpu"] for row in written} == {machine_description()["cpu"]}  # each row names it
-    assert {row["dtype"] for row in written} == {"float32"}  # the dtype the target decoded in, on every row
-    assert {row["temperature"] for row in written} == {0.0}  # and its temperature: greedy
-    expected = [row | {"dtype": "float32", "temperature": 0.0} for row in json.loads(dumps_json(rows))]
-    assert written == expected  # strict: NaN is null
-    by_mode = {(r["mode"], r["threshold"]): r for r in rows}
-    cost_rows = [r for r in rows if isinstance(r["threshold"], (list, tuple))]  # ("cost", t0, t1)
-    assert len(cost_rows) == 3 and {r["mode"] for r in cost_rows} == {"parallel", "markov", "selector"}
-    (schedule,) = {tuple(r["threshold"]) for r in cost_rows}  # one measured (t0, t1), shared by every mode's row
+    written = [from_json(MeasuredRow, row, str(out)) for row in json.loads(out.read_text())]
+    assert {row.machine["cpu"] for row in written} == {machine_description()["cpu"]}  # each row names it
+    assert {row.dtype for row in written} == {"float32"}  # the dtype the target decoded in, on every row
+    assert {row.temperature for row in written} == {0.0}  # and its temperature: greedy
+    # the file is the returned rows, read back whole (strict JSON: NaN is null; the context filled in)
+    expected = [replace(row, dtype="float32", temperature=0.0, machine=written[0].machine) for row in rows]
+    assert json.loads(out.read_text()) == json.loads(dumps_json([to_json(row) for row in expected]))
+    cost_rows = [r for r in rows if isinstance(r.threshold, list)]  # ["cost", t0, t1]
+    assert len(cost_rows) == 3 and {r.mode for r in cost_rows} == {"parallel", "markov", "selector"}
+    (schedule,) = {tuple(r.threshold) for r in cost_rows}  # one measured (t0, t1), shared by every mode's row
     assert len(schedule) == 3 and schedule[0] == "cost" and all(map(math.isfinite, schedule[1:]))
-    assert all(1.0 <= r["mean_verified"] <= 8 for r in cost_rows)
-    rows = [r for r in rows if not isinstance(r["threshold"], (list, tuple))]
-    by_mode = {(r["mode"], r["threshold"]): r for r in rows}
+    assert all(1.0 <= r.mean_verified <= 8 for r in cost_rows)
+    rows = [r for r in rows if not isinstance(r.threshold, list)]
+    by_mode = {(r.mode, r.threshold): r for r in rows}
     assert set(by_mode) == {(m, t) for m in ("parallel", "markov", "selector") for t in (None, 0.3)}
     # the trained drafter gets drafts accepted by the real target (tau = tokens per target forward; untrained: 1.0)
-    assert by_mode[("markov", None)]["tau"] > 1.0
+    assert by_mode[("markov", None)].tau > 1.0
     for row in rows:
-        assert 1.0 <= row["tau"] <= 1 + 8
-        assert 1.0 <= row["mean_verified"] <= 8
-    assert by_mode[("markov", 0.3)]["mean_verified"] <= by_mode[("markov", None)]["mean_verified"]
+        assert 1.0 <= row.tau <= 1 + 8
+        assert 1.0 <= row.mean_verified <= 8
+    assert by_mode[("markov", 0.3)].mean_verified <= by_mode[("markov", None)].mean_verified
     # the baseline: the target's own generate, timed alternately; greedy outputs equal
     for row in rows:
+        compared = row.comparison
         assert (
-            row["outputs_equal"] and math.isfinite(row["speedup"]) and math.isfinite(row["baseline_tokens_per_second"])
+            compared.outputs_equal
+            and math.isfinite(compared.speedup)
+            and math.isfinite(compared.baseline_tokens_per_second)
         )
-        assert set(row["phase_ms_per_step"]) == {"draft_backbone", "draft_head", "verify", "bookkeeping"}
+        assert set(row.phase_ms_per_step) == {"draft_backbone", "draft_head", "verify", "bookkeeping"}
+        # every row says how far its wall clock can be trusted (the JSON keeps what the tables leave out)
+        assert compared.spread.torch_threads >= 1 and len(compared.spread.prompt_speedups) == 3
     # the cost model's verify-length report on the whole-block rows
     for mode in ("parallel", "markov", "selector"):
-        best = by_mode[(mode, None)]["verify_length"]
+        best = by_mode[(mode, None)].verify_length
         assert 1 <= best["best_n"] <= 8 and len(best["tokens_per_second"]) == len(best["expected_tokens"])
-    # every row says how far its wall clock can be trusted (the JSON keeps what the tables leave out)
-    assert all({"prompt_speedup_iqr", "baseline_tokens_per_second_iqr", "noisy"} <= row.keys() for row in rows)
     # the plan first (3 modes x 3 schedules x 3 prompts, baseline and speculative timed), then progress over the runs
     printed = capsys.readouterr()
     plan = "decode: 3 modes x 3 schedules x 3 prompts x 32 new tokens, baseline on: 54 timed runs"
@@ -156,35 +161,35 @@ def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_chec
             f"--json={out}",
         ]
     )
-    rows = json.loads(out.read_text())
+    rows = [from_json(EvalSetRow, row, str(out)) for row in json.loads(out.read_text())]
     printed = capsys.readouterr()  # the same plan wording as decode's, one per set, and a progress bar each
     assert "eval set humaneval: 2 modes x 1 schedules x 3 prompts x 16 new tokens, baseline on: 12 timed runs" in (
         printed.out
     )
     assert printed.err.count("12/12") == 2
-    assert [(row["eval_set"], row["mode"]) for row in rows] == [
+    assert [(row.summary.eval_set, row.summary.mode) for row in rows] == [
         ("sharegpt_heldout", "parallel"),
         ("sharegpt_heldout", "markov"),
         ("humaneval", "parallel"),
         ("humaneval", "markov"),
     ]
     for row in rows:
-        records = row["prompt_records"]
-        assert row["num_prompts"] == len(records) == 3 - row["prompts_without_verify"]
+        summary, records = row.summary, row.decoded.prompt_records
+        assert summary.num_prompts == len(records) == 3 - row.decoded.prompts_without_verify
         # the set's tau is total emitted / total forwards over prompts (recomputed here from the raw records)
-        tau = sum(r["emitted_tokens"] for r in records) / sum(r["target_forwards"] for r in records)
-        assert row["measured_tau"] == pytest.approx(tau)
-        low, high = row["measured_tau_ci"]
-        assert 1.0 <= low <= row["measured_tau"] <= high
-        speedup = sum(r["baseline_seconds"] for r in records) / sum(r["speculative_seconds"] for r in records)
-        assert row["speedup"] == pytest.approx(speedup)
-        assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
-        assert row["outputs_equal"] is True  # greedy speculative decoding == the target's generate on every prompt
+        tau = sum(r.emitted_tokens for r in records) / sum(r.target_forwards for r in records)
+        assert summary.measured_tau == pytest.approx(tau)
+        low, high = summary.measured_tau_ci
+        assert 1.0 <= low <= summary.measured_tau <= high
+        speedup = sum(r.baseline_seconds for r in records) / sum(r.speculative_seconds for r in records)
+        assert summary.speedup == pytest.approx(speedup)
+        assert summary.speedup_ci[0] <= summary.speedup <= summary.speedup_ci[1]
+        assert summary.outputs_equal is True  # greedy speculative decoding == the target's generate on every prompt
         # captured stdout is not a terminal (as a log file): each row prints whole on one line, name and intervals
-        tau_cell = f"{row['measured_tau']:.2f} [{low:.2f}, {high:.2f}]"
-        speedup_cell = "{:.2f}x [{:.2f}, {:.2f}]".format(row["speedup"], *row["speedup_ci"])
+        tau_cell = f"{summary.measured_tau:.2f} [{low:.2f}, {high:.2f}]"
+        speedup_cell = "{:.2f}x [{:.2f}, {:.2f}]".format(summary.speedup, *summary.speedup_ci)
         assert any(
-            line.split()[:2] == [row["eval_set"], row["mode"]] and tau_cell in line and speedup_cell in line
+            line.split()[:2] == [summary.eval_set, summary.mode] and tau_cell in line and speedup_cell in line
             for line in printed.out.splitlines()
         ), printed.out
 
@@ -223,10 +228,10 @@ def test_decode_json_keeps_the_rows_finished_before_a_stop(trained_checkpoint, t
     with pytest.raises(KeyboardInterrupt):
         cli_main([*args, "--eval_sets=[sharegpt_heldout,humaneval]", "--eval_set_limit=2", "--max_new_tokens=8",
                   f"--json={out}"])  # fmt: skip
-    rows = json.loads(out.read_text())  # the first set's two rows, whole, with their intervals
-    assert [(row["eval_set"], row["mode"]) for row in rows] == [
+    rows = [from_json(EvalSetRow, row) for row in json.loads(out.read_text())]  # the first set's two rows, whole
+    assert [(row.summary.eval_set, row.summary.mode) for row in rows] == [
         ("sharegpt_heldout", "parallel"),
         ("sharegpt_heldout", "markov"),
     ]
-    assert [row["prompt_records"] for row in rows] == [m["prompt_records"] for m in measured]  # the measured runs
+    assert [row.decoded.prompt_records for row in rows] == [m.prompt_records for m in measured]  # the measured runs
     assert not list(tmp_path.glob(".*partial"))  # no staging file left behind

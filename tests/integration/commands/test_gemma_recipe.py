@@ -16,6 +16,7 @@ from helpers.targets import make_tiny_gemma3
 from dspark_lightning.cli import cli_main
 from dspark_lightning.data.formats import has_chat_template
 from dspark_lightning.errors import OptionError
+from dspark_lightning.measuring.results import EvalSetRow, SpeedupResult, from_json
 from dspark_lightning.studies.recipes import load_recipe
 
 SHIPPED = ROOT / "assets/gemma3/regenerated"
@@ -71,10 +72,12 @@ def test_the_generic_recipe_report_runs_on_a_base_gemma3(base_target, tmp_path):
     )
     assert [(r["head"], r["block_size"]) for r in rows] == [("none", 8), ("gated", 8)]
     for row in rows:
-        assert row["wall_clock"]["outputs_equal"] and 1.0 <= row["measured_tau"] <= 9.0
-        assert row["speedup"] == row["wall_clock"]["speedup"] > 0  # the per-head row: head, B, tau, speedup
-        assert [e["eval_set"] for e in row["eval_sets"]] == ["sharegpt_heldout", "humaneval"]
-        assert all(e["outputs_equal"] and e["speedup"] > 0 for e in row["eval_sets"])
+        timed = from_json(SpeedupResult, row["wall_clock"]).comparison
+        assert timed.outputs_equal and 1.0 <= row["measured_tau"] <= 9.0
+        assert row["speedup"] == timed.speedup > 0  # the per-head row: head, B, tau, speedup
+        sets = [from_json(EvalSetRow, e).summary for e in row["eval_sets"]]
+        assert [s.eval_set for s in sets] == ["sharegpt_heldout", "humaneval"]
+        assert all(s.outputs_equal and s.speedup > 0 for s in sets)
     # the runs saved the data format they trained with (a base model: completion, chosen in the fit config)
     saved = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("data_format.json")]
     assert len(saved) == 2 and all(s["format"] == "completion" for s in saved)

@@ -11,6 +11,7 @@ from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
 from dspark_lightning.measuring import eval_sets
 from dspark_lightning.measuring.eval_sets import EvalSetError
+from dspark_lightning.measuring.results import EvalSetRow, from_json
 from dspark_lightning.shipped import SHIPPED_ROOT
 from dspark_lightning.studies import loss_study, loss_study_results
 
@@ -136,30 +137,32 @@ def test_study_on_eval_sets_keeps_each_runs_per_set_objects(tmp_path):
         "heldout_split": None,
     }  # fmt: skip
     (run,) = saved["runs"]
-    assert [(e["eval_set"], e["mode"]) for e in run["eval_sets"]] == [
+    measured = [from_json(EvalSetRow, e, "results.json") for e in run["eval_sets"]]
+    assert [(e.summary.eval_set, e.summary.mode) for e in measured] == [
         ("sharegpt_heldout", run["measured_mode"]),
         ("humaneval", run["measured_mode"]),
     ]
-    for entry in run["eval_sets"]:  # the object decode --eval_sets and report-recipe --eval_sets write
-        records = entry["prompt_records"]
+    for entry in measured:  # the object decode --eval_sets and report-recipe --eval_sets write
+        summary, records = entry.summary, entry.decoded.prompt_records
         assert (
-            entry["max_new_tokens"] == 12
-            and entry["num_prompts"] == len(records) == 3 - entry["prompts_without_verify"]
+            summary.max_new_tokens == 12
+            and summary.num_prompts == len(records) == 3 - entry.decoded.prompts_without_verify
         )
-        tau = sum(r["emitted_tokens"] for r in records) / sum(r["target_forwards"] for r in records)
-        assert entry["measured_tau"] == pytest.approx(tau) and tau > 1.0  # recomputed from the raw per-prompt counts
-        low, high = entry["measured_tau_ci"]
-        assert 1.0 <= low <= tau <= high and entry["ci_confidence"] == 0.95
-        assert entry["speedup"] is None and entry["speedup_ci"] is None  # no wall clock in a loss study
+        tau = sum(r.emitted_tokens for r in records) / sum(r.target_forwards for r in records)
+        assert summary.measured_tau == pytest.approx(tau) and tau > 1.0  # recomputed from the raw per-prompt counts
+        low, high = summary.measured_tau_ci
+        assert 1.0 <= low <= tau <= high and summary.ci_confidence == 0.95
+        assert summary.speedup is None and summary.speedup_ci is None  # no wall clock in a loss study
+        assert entry.decoded.comparison is None
     (group,) = saved["groups"]
     assert [(g["eval_set"], g["n"], g["measured_tau"]) for g in group["eval_sets"]] == [
-        (e["eval_set"], 1, e["measured_tau"]) for e in run["eval_sets"]
+        (e.summary.eval_set, 1, e.summary.measured_tau) for e in measured
     ]
     report = (out / "report.md").read_text()
     assert "| loss | sharegpt_heldout | humaneval |" in report
     cells = [
-        f"{e['measured_tau']:.3f} [{e['measured_tau_ci'][0]:.3f}, {e['measured_tau_ci'][1]:.3f}]"
-        for e in run["eval_sets"]
+        f"{e.summary.measured_tau:.3f} [{e.summary.measured_tau_ci[0]:.3f}, {e.summary.measured_tau_ci[1]:.3f}]"
+        for e in measured
     ]
     assert f"| kl | {cells[0]} | {cells[1]} |" in report
     assert "sharegpt_heldout tau" in (out / "log.txt").read_text()

@@ -138,6 +138,7 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     """The recipe at tiny scale: cache the shipped regenerated validation data, train the vanilla head for two steps
     from the cache, then decode with the full target: greedy output identical to `generate`, numbers finite."""
     from dspark_lightning.cli import cli_main
+    from dspark_lightning.measuring.results import EvalSetRow, SpeedupResult, from_json
 
     shipped = str(ROOT / "assets/smollm2/regenerated/validation-00000.jsonl")
     cache = tmp_path / "cache"
@@ -155,8 +156,9 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
         + ["--fit_args", json.dumps([*fit_args, "--trainer.limit_val_batches=1"])]
     )
     (row,) = rows
-    assert row["wall_clock"]["outputs_equal"] and row["wall_clock"]["prompts"] == 2
-    assert row["wall_clock"]["speedup"] > 0 and 1.0 <= row["measured_tau"] <= 9.0
+    timed = from_json(SpeedupResult, row["wall_clock"])
+    assert timed.comparison.outputs_equal and timed.prompts == 2
+    assert timed.comparison.speedup > 0 and 1.0 <= row["measured_tau"] <= 9.0
     assert row["measured_selector_tau"] is not None and 0.0 <= row["coverage_at_k"] <= 1.0
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["rows"][0]["head"] == "vanilla"
@@ -178,24 +180,25 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     )
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")  # still the one run
     assert again[0]["teacher_tau"] == pytest.approx(row["teacher_tau"], rel=1e-6)
-    assert again[0]["wall_clock"]["packed_verify"] and again[0]["wall_clock"]["outputs_equal"]
-    scheduled = again[0]["wall_clock_scheduled"]
-    assert scheduled["outputs_equal"] and scheduled["cost_model"] and 1.0 <= scheduled["mean_verified"] <= 8.0
+    timed = from_json(SpeedupResult, again[0]["wall_clock"])
+    assert timed.packed_verify and timed.comparison.outputs_equal and timed.comparison.packed is not None
+    scheduled = from_json(SpeedupResult, again[0]["wall_clock_scheduled"])
+    assert scheduled.comparison.outputs_equal and scheduled.cost_model and 1.0 <= scheduled.mean_verified <= 8.0
     assert "cost-model schedule" in (tmp_path / "report" / "report.md").read_text()
     # the evaluation sets: sharegpt_heldout from the real ShareGPT V3 validation split, HumanEval, both schedules
-    sets = again[0]["eval_sets"]
-    assert [(e["eval_set"], e["threshold"] is None) for e in sets] == [
+    sets = [from_json(EvalSetRow, e).summary for e in again[0]["eval_sets"]]
+    assert [(e.eval_set, e.threshold is None) for e in sets] == [
         ("sharegpt_heldout", True), ("sharegpt_heldout", False), ("humaneval", True), ("humaneval", False)
     ]  # fmt: skip
     for e in sets:
-        assert e["num_prompts"] == 1 and e["outputs_equal"] and e["measured_tau_ci"][0] <= e["measured_tau"]
-        assert e["speedup_ci"] == [e["speedup"], e["speedup"]]  # one prompt: a point interval
+        assert e.num_prompts == 1 and e.outputs_equal and e.measured_tau_ci[0] <= e.measured_tau
+        assert e.speedup_ci == [e.speedup, e.speedup]  # one prompt: a point interval
     assert "| vanilla | humaneval | cost model | 1 |" in (tmp_path / "report" / "report.md").read_text()
     # the decode command on the cache-trained checkpoint loads the whole target (greedy: identical to generate)
     decoded = cli_main(
         ["decode", "--ckpt_path", str(ckpt), "--num_prompts", "1", "--max_new_tokens", "6", "--packed_verify", "true"]
     )
-    assert len(decoded) == 3 and all(r["outputs_equal"] and r["tau"] >= 1.0 for r in decoded)
+    assert len(decoded) == 3 and all(r.comparison.outputs_equal and r.tau >= 1.0 for r in decoded)
     # the loss study on this recipe: the same fit and measurement per loss, the recipe named in its report
     study = cli_main(
         ["loss-study", "--recipe", "smollm2", "--output", str(tmp_path / "study"), "--losses", "[nla]"]
@@ -207,12 +210,13 @@ def test_cached_fit_decode_and_report_end_to_end(smollm2, tmp_path):
     assert group["label"] == "nla" and 1.0 <= group["measured_tau"] <= 9.0 and 1.0 <= group["teacher_tau"] <= 9.0
     # its evaluation sets: the recipe's held-out split and HumanEval, report-recipe's objects without the wall clock
     (run,) = study["runs"]
-    assert [(e["eval_set"], e["num_prompts"], e["speedup"]) for e in run["eval_sets"]] == [
+    measured = [from_json(EvalSetRow, e) for e in run["eval_sets"]]
+    assert [(e.summary.eval_set, e.summary.num_prompts, e.summary.speedup) for e in measured] == [
         ("sharegpt_heldout", 1, None), ("humaneval", 1, None)
     ]  # fmt: skip
-    for e in run["eval_sets"]:
-        (record,) = e["prompt_records"]
-        assert e["measured_tau"] == pytest.approx(record["emitted_tokens"] / record["target_forwards"])
-        assert e["measured_tau_ci"] == [e["measured_tau"], e["measured_tau"]]  # one prompt: a point interval
+    for e in measured:
+        (record,) = e.decoded.prompt_records
+        assert e.summary.measured_tau == pytest.approx(record.emitted_tokens / record.target_forwards)
+        assert e.summary.measured_tau_ci == [e.summary.measured_tau] * 2  # one prompt: a point interval
     report = (tmp_path / "study" / "report.md").read_text()
     assert report.startswith("# Drafter losses on SmolLM2-135M-Instruct") and "configs/smollm2_sharegpt.yaml" in report

@@ -87,7 +87,7 @@ def test_callback_logs_each_sets_tau_with_an_interval_that_brackets_it(tmp_path,
         assert 1.0 <= low <= tau <= high <= MAX_NEW_TOKENS
         assert (low, high) == pytest.approx(ratio_bootstrap_ci(emitted, forwards), rel=1e-6)  # 10,000 resamples, seed 0
         assert float(logged[f"{key}/num_prompts"]) == len(forwards)
-    assert [(s["eval_set"], s["mode"], s["step"]) for s in callback.last_eval_sets] == [
+    assert [(s.eval_set, s.mode, callback.last_eval_sets_step) for s in callback.last_eval_sets] == [
         ("sharegpt_heldout", "markov", 40),
         ("humaneval", "markov", 40),
     ]

@@ -171,12 +171,12 @@ def test_measure_speedup_checks_outputs_against_generate():
     result = measure_speedup(
         target, drafter, prompts, 20, mode="selector", k=4, eos_token_id=[], clock=scripted_clock(durations)
     )
-    assert result["outputs_equal"] and result["mismatches"] == []
-    assert result["new_tokens"] == result["baseline_new_tokens"] == 40
-    assert result["baseline_prompt_seconds"] == baseline and result["speculative_prompt_seconds"] == speculative
-    assert result["speedup"] == pytest.approx(3.5 / 1.5)
-    assert result["speculative_tokens_per_second"] == pytest.approx(40 / 1.5)
-    assert result["tau"] > 1.5  # the oracle-like drafter is accepted often
+    assert result.comparison.outputs_equal and result.comparison.mismatches == []
+    assert result.new_tokens == result.baseline_new_tokens == 40
+    assert result.baseline_prompt_seconds == baseline and result.speculative_prompt_seconds == speculative
+    assert result.comparison.speedup == pytest.approx(3.5 / 1.5)
+    assert result.speculative_tokens_per_second == pytest.approx(40 / 1.5)
+    assert result.tau > 1.5  # the oracle-like drafter is accepted often
 
     # a drafter that is not lossless (a broken verifier) is reported, loudly
     import dspark_lightning.measuring.speedup as speedup
@@ -195,7 +195,7 @@ def test_measure_speedup_checks_outputs_against_generate():
             result = measure_speedup(target, drafter, prompts, 5, mode="markov", eos_token_id=[], warmup=False)
     finally:
         speedup.speculative_generate = original
-    assert not result["outputs_equal"] and result["mismatches"] == [0, 1]
+    assert not result.comparison.outputs_equal and result.comparison.mismatches == [0, 1]
 
 
 def test_best_verify_length_from_measured_rates():

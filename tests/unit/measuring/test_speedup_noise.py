@@ -46,23 +46,30 @@ def test_spread_of_speedups_and_baseline_rate_matches_numpy_and_a_noisy_baseline
     speedups = np.array(baseline) / np.array(speculative)
     rates = NEW_TOKENS / np.array(baseline)  # eos_token_id=[]: every baseline run makes exactly NEW_TOKENS tokens
     q1, median, q3 = np.percentile(rates, [25, 50, 75])
-    assert result["prompt_speedups"] == pytest.approx(speedups.tolist())
-    assert result["prompt_speedup_iqr"] == pytest.approx(np.subtract(*np.percentile(speedups, [75, 25])))
-    assert result["baseline_tokens_per_second_median"] == pytest.approx(median)
-    assert result["baseline_tokens_per_second_iqr"] == pytest.approx(q3 - q1)
-    assert result["baseline_relative_spread"] == pytest.approx((q3 - q1) / median) and (q3 - q1) / median > 0.25
-    assert result["noisy"] is True
-    assert result["speedup"] == pytest.approx(sum(baseline) / sum(speculative))
-    assert result["median_prompt_speedup"] == pytest.approx(np.median(speedups))
-    assert len(result["load_average"]) == 3 and str(result["load_average"]) in str(caught[0].message)
+    assert result.comparison.spread.prompt_speedups == pytest.approx(speedups.tolist())
+    assert result.comparison.spread.prompt_speedup_iqr == pytest.approx(np.subtract(*np.percentile(speedups, [75, 25])))
+    assert result.comparison.spread.baseline_tokens_per_second_median == pytest.approx(median)
+    assert result.comparison.spread.baseline_tokens_per_second_iqr == pytest.approx(q3 - q1)
+    assert (
+        result.comparison.spread.baseline_relative_spread == pytest.approx((q3 - q1) / median)
+        and (q3 - q1) / median > 0.25
+    )
+    assert result.comparison.spread.noisy is True
+    assert result.comparison.speedup == pytest.approx(sum(baseline) / sum(speculative))
+    assert result.comparison.median_prompt_speedup == pytest.approx(np.median(speedups))
+    assert len(result.comparison.spread.load_average) == 3 and str(result.comparison.spread.load_average) in str(
+        caught[0].message
+    )
 
 
 def test_a_steady_baseline_is_trusted_whatever_the_speculative_runs_do():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no noise warning (nor any other)
         result = measure([1.0, 1.05, 0.95, 1.0], [0.5, 2.0, 0.25, 1.0])
-    assert result["noisy"] is False and result["baseline_relative_spread"] <= 0.25
-    assert result["prompt_speedup_iqr"] == pytest.approx(np.subtract(*np.percentile([2.0, 0.525, 3.8, 1.0], [75, 25])))
+    assert result.comparison.spread.noisy is False and result.comparison.spread.baseline_relative_spread <= 0.25
+    assert result.comparison.spread.prompt_speedup_iqr == pytest.approx(
+        np.subtract(*np.percentile([2.0, 0.525, 3.8, 1.0], [75, 25]))
+    )
 
 
 @pytest.mark.skipif(not packed_kernels_available(), reason="this torch build has no oneDNN packed linear")
@@ -79,10 +86,10 @@ def test_packed_verify_also_times_generate_on_the_packed_kernels():
             clock=scripted_clock(durations), on_prompt=lambda: calls.append(1),
         )  # fmt: skip
     assert len(calls) == len(prompts)
-    assert result["speedup"] == pytest.approx(4.5 / 2.5)
-    assert result["packed_generate_seconds"] == pytest.approx(3.5)
-    assert result["speedup_vs_packed_generate"] == pytest.approx(3.5 / 2.5)
-    assert result["packed_generate_mismatches"] == [] and result["outputs_equal"] is True
-    assert [r["packed_generate_seconds"] for r in result["prompt_records"]] == packed
+    assert result.comparison.speedup == pytest.approx(4.5 / 2.5)
+    assert result.comparison.packed.packed_generate_seconds == pytest.approx(3.5)
+    assert result.comparison.packed.speedup_vs_packed_generate == pytest.approx(3.5 / 2.5)
+    assert result.comparison.packed.packed_generate_mismatches == [] and result.comparison.outputs_equal is True
+    assert [r.packed_generate_seconds for r in result.prompt_records] == packed
     model = target.model if hasattr(target, "model") else target
     assert not any("forward" in m.__dict__ for m in model.modules())  # generate's own kernels are restored

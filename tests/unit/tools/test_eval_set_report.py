@@ -8,6 +8,8 @@ import json
 import pytest
 from helpers.paths import ROOT
 
+from dspark_lightning.measuring.results import read_eval_set_rows, to_json
+
 spec = importlib.util.spec_from_file_location("eval_set_report", ROOT / "experiments" / "tools" / "eval_set_report.py")
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
@@ -19,11 +21,21 @@ def decode_row(eval_set, threshold=None):
         dict(emitted_tokens=40, target_forwards=20, speculative_seconds=2.0, baseline_seconds=2.0),
         dict(emitted_tokens=30, target_forwards=10, speculative_seconds=1.2, baseline_seconds=1.2),
     ]
+    # a row as decode --json wrote it before schema 1 (flat: the decode row's keys beside the summary's); they load
     return dict(
         eval_set=eval_set, mode="markov", threshold=threshold, num_prompts=2, max_new_tokens=8, measured_tau=70 / 30,
         measured_tau_ci=[2.0, 3.0], speedup=1.0, speedup_ci=[0.9, 1.1], outputs_equal=True, mean_verified=8.0,
-        prompt_records=records,
+        prompt_records=records, acceptance_per_slot=[0.5], ci_confidence=0.95, tau=70 / 30, tokens_per_second=20.0,
+        accepted_rate_per_slot=[0.5], phase_ms_per_step={"verify": 1.0},
     )  # fmt: skip
+
+
+def test_a_schema_1_file_reads_as_its_pre_schema_form(tmp_path):
+    flat, typed = tmp_path / "flat.json", tmp_path / "typed.json"
+    flat.write_text(json.dumps([decode_row("humaneval"), decode_row("humaneval", [0.1, 0.2])]))
+    typed.write_text(json.dumps([to_json(row) for row in read_eval_set_rows(flat)]))  # what decode writes now
+    assert json.loads(typed.read_text())[0]["schema"] == 1
+    assert report.read_rows(str(typed)) == report.read_rows(str(flat))
 
 
 def test_a_file_whose_name_holds_an_equals_sign_is_read_with_or_without_a_head(tmp_path):
