@@ -58,7 +58,7 @@ def test_relative_paths_are_read_from_the_fit_directory_when_not_found_from_here
         ]  # fmt: skip
     )
     (written,) = json.loads((elsewhere / "rows.json").read_text())
-    assert (written["mode"], written["tau"]) == ("parallel", rows[0]["tau"]) and rows[0]["tau"] >= 1
+    assert (written["mode"], written["tau"]) == ("parallel", rows[0].tau) and rows[0].tau >= 1  # JSON beside the row
     cli_main(["calibrate", f"--ckpt_path={checkpoint}", f"--output={elsewhere / 'calibrated.ckpt'}", "--max_batches=1"])
     assert (elsewhere / "calibrated.ckpt").is_file()
 
