@@ -11,10 +11,11 @@ from dspark_lightning.decoding import supported_modes
 from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.callbacks import parameters_sharded, this_validation_tau
 from dspark_lightning.measuring.eval_set_summary import summarize_eval_set
-from dspark_lightning.measuring.eval_sets import EVAL_SETS, EvalSetName, datamodule_prompt_ids
+from dspark_lightning.measuring.eval_sets import EVAL_SETS, EvalSetName, datamodule_prompt_ids, is_prompt_file
 from dspark_lightning.measuring.identity import record_decode, teacher_forced_blocks
 from dspark_lightning.measuring.in_training import decode_eval_set, eval_set_metrics
 from dspark_lightning.measuring.results import EvalSetSummary
+from dspark_lightning.measuring.turns import Prompt
 from dspark_lightning.progress import stop_requested
 
 log = logging.getLogger(__name__)
@@ -65,14 +66,17 @@ class SpeculativeDecodingCallback(L.Callback):
             raise OptionError(f"SpeculativeDecodingCallback num_prompts must be >= 0, got {num_prompts}")
         if eval_set_limit < 1:
             raise OptionError(f"SpeculativeDecodingCallback eval_set_limit must be >= 1, got {eval_set_limit}")
-        unknown = sorted(set(eval_sets or ()) - set(EVAL_SETS))
+        # the names only: the files are read in setup, before the first step (an error raised here, inside
+        # jsonargparse's instantiation of the callbacks list, would reach the user as a union-type parse error)
+        unknown = [name for name in eval_sets or () if name not in EVAL_SETS and not is_prompt_file(name)]
         if unknown:
             raise OptionError(
-                f"SpeculativeDecodingCallback eval_sets: unknown eval sets {unknown}; known: {', '.join(EVAL_SETS)}"
+                f"SpeculativeDecodingCallback eval_sets: unknown eval sets {unknown}; known: {', '.join(EVAL_SETS)}, "
+                "or a prompt file ending .jsonl or .jsonl.gz"
             )
         self.eval_sets, self.eval_set_limit = list(eval_sets or ()), eval_set_limit
         self.heldout_files, self.heldout_split_by_id = heldout_files, heldout_split_by_id
-        self.eval_set_prompts: dict[str, list[list[int]]] = {}
+        self.eval_set_prompts: dict[str, list[Prompt]] = {}
         self.last_eval_sets: list[EvalSetSummary] = []
         self.last_eval_sets_step: int | None = None  # the global step they were measured at
 

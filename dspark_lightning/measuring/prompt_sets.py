@@ -5,6 +5,7 @@ that ship them, and a user's own JSON Lines file. Readers return ``PromptRecord`
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +164,8 @@ def _checked(prompt_id: str, messages: Messages, follow_ups, path: str, line) ->
 
 
 def _read(path: str, parse) -> list[PromptRecord]:
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file")
     records: list[PromptRecord] = []
     line = 0
     try:

@@ -7,6 +7,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +17,7 @@ from dspark_lightning.decoding.stats import DecodeStats, PromptDecodeRecord
 from dspark_lightning.decoding.target_forwards import causal_lm
 from dspark_lightning.measuring.results import GenerateComparison, PackedBaseline, SpeedupResult, Spread
 from dspark_lightning.measuring.ties import TIE_ULPS, classify_difference
+from dspark_lightning.measuring.turns import Conversation, decode_turns, first_turn_ids, reply_ids
 
 # the baseline's per-prompt tokens/s varies across prompts by little on a quiet machine (same target, similar
 # lengths); an interquartile range above this fraction of the median means other load moved the clock
@@ -26,6 +28,19 @@ def _as_ids(prompt, device) -> torch.Tensor:
     ids = prompt if isinstance(prompt, torch.Tensor) else torch.tensor(prompt)
     ids = ids.to(device=device, dtype=torch.long)
     return ids[None] if ids.ndim == 1 else ids
+
+
+@dataclass
+class _Turn:
+    """What one turn of one prompt measured (a one-turn prompt has one)."""
+
+    baseline_seconds: float
+    baseline_tokens: int
+    speculative_seconds: float = 0.0
+    stats: DecodeStats | None = None
+    packed_seconds: float = 0.0
+    packed_equal: bool = True
+    difference: dict | None = None  # how the speculative output differed from generate's (classify_difference)
 
 
 def quartiles(values) -> tuple[float, float, float]:
@@ -97,7 +112,9 @@ def measure_speedup(
     ``packed_verify`` is passed to the speculative runs, and adds a second baseline: ``generate`` on the same
     packed kernels (every linear of the target, head included), timed between the two, so that what speculation gains is told apart from what the kernels gain (on
     2 CPU threads the packed kernels make ``generate`` itself ~10% faster). ``on_prompt()`` is called after each
-    prompt's timed runs (a progress bar); ``clock`` is the timer (seconds).
+    prompt's timed runs (a progress bar); ``clock`` is the timer (seconds). A prompt is token ids or a
+    ``Conversation`` (``measuring.turns``): each of its turns is timed the same way, the next turn following the
+    target's own (``generate``) reply, and the prompt's record pools its turns.
 
     Returns a ``SpeedupResult`` (``measuring.results``; its fields are documented there): the speculative runs'
     numbers, their ``comparison`` with ``generate`` (speedup, equality, the ``Spread`` and, with ``packed_verify``,
@@ -109,9 +126,9 @@ def measure_speedup(
         eos_token_id = model.generation_config.eos_token_id
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     pad = eos[0] if eos else 0
-    prompts = [_as_ids(p, device) for p in prompts]
     if not prompts:
         raise ValueError("measure_speedup needs at least one prompt")
+    prompts = [p if isinstance(p, Conversation) else _as_ids(p, "cpu")[0].tolist() for p in prompts]
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
     def baseline(ids):
@@ -155,29 +172,47 @@ def measure_speedup(
         return result, clock() - start
 
     if warmup:
-        baseline(prompts[0])
+        first = _as_ids(first_turn_ids(prompts[0]), device)
+        baseline(first)
         if packed_kernels is not None:
-            packed_baseline(prompts[0])
-        speculative(prompts[0])
+            packed_baseline(first)
+        speculative(first)
+
+    def timed_turn(token_ids) -> tuple[_Turn, list[int]]:
+        """One turn: baseline, packed baseline, speculative; the next turn follows the target's own reply."""
+        ids = _as_ids(token_ids, device)
+        reference, baseline_time = timed(baseline, ids)
+        turn = _Turn(baseline_time, reference.shape[1] - ids.shape[1])
+        if packed_kernels is not None:
+            packed_output, turn.packed_seconds = timed(packed_baseline, ids)
+            turn.packed_equal = torch.equal(packed_output, reference)  # unequal: a near-tie (~1e-5) the other way
+        (output, turn.stats), turn.speculative_seconds = timed(speculative, ids)
+        if not torch.equal(output, reference):  # a float tie at the first differing token, or a bug
+            turn.difference = classify_difference(model, reference, output, ids.shape[1])
+        return turn, reply_ids(reference, ids.shape[1])
+
     baseline_seconds, speculative_seconds, runs, mismatches, ties, differences = [], [], [], [], [], []
     packed_seconds, packed_mismatches = [], []
     prompt_baseline_tokens = []
-    for index, ids in enumerate(prompts):
-        reference, seconds = timed(baseline, ids)
-        baseline_seconds.append(seconds)
-        prompt_baseline_tokens.append(reference.shape[1] - ids.shape[1])
+    for index, prompt in enumerate(prompts):
+        turns = decode_turns(prompt, timed_turn)  # a multi-turn prompt is one question: its turns pooled
+        baseline_seconds.append(sum(turn.baseline_seconds for turn in turns))
+        prompt_baseline_tokens.append(sum(turn.baseline_tokens for turn in turns))
         if packed_kernels is not None:
-            packed_output, seconds = timed(packed_baseline, ids)
-            packed_seconds.append(seconds)
-            if not torch.equal(packed_output, reference):  # a near-tie (~1e-5) resolved the other way
+            packed_seconds.append(sum(turn.packed_seconds for turn in turns))
+            if not all(turn.packed_equal for turn in turns):
                 packed_mismatches.append(index)
-        (output, stats), seconds = timed(speculative, ids)
-        speculative_seconds.append(seconds)
-        runs.append(stats)
-        if not torch.equal(output, reference):  # a float tie at the first differing token, or a bug
-            difference = classify_difference(model, reference, output, ids.shape[1])
-            (ties if difference["kind"] == "tie" else mismatches).append(index)
-            differences.append({"prompt": index, **difference})
+        speculative_seconds.append(sum(turn.speculative_seconds for turn in turns))
+        runs.append(DecodeStats.merge([turn.stats for turn in turns]))
+        kinds = set()
+        for number, turn in enumerate(turns):
+            if turn.difference is not None:
+                kinds.add(turn.difference["kind"])
+                differences.append({"prompt": index, **({"turn": number} if len(turns) > 1 else {}), **turn.difference})
+        if kinds - {"tie"}:
+            mismatches.append(index)
+        elif kinds:
+            ties.append(index)
         if on_prompt is not None:
             on_prompt()
     if mismatches:

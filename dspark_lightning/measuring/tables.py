@@ -17,6 +17,7 @@ from dspark_lightning.decoding.stats import PromptDecodeRecord
 from dspark_lightning.measuring.cost import best_verify_length
 from dspark_lightning.measuring.results import MeasuredRow
 from dspark_lightning.measuring.speedup import measure_speedup
+from dspark_lightning.measuring.turns import Prompt, decode_turns, reply_ids
 from dspark_lightning.progress import progress_bar
 
 
@@ -40,7 +41,7 @@ def runs_per_timed_prompt(packed: bool) -> int:
 
 def decode_table(
     module,
-    prompts: list[list[int]],
+    prompts: list[Prompt],
     modes,
     temperature,
     thresholds,
@@ -52,7 +53,8 @@ def decode_table(
     progress: str | None = None,
     on_rows=None,
 ) -> list[MeasuredRow]:
-    """Run speculative generation over ``prompts`` for each mode x threshold; one ``MeasuredRow`` per pair.
+    """Run speculative generation over ``prompts`` for each mode x threshold; one ``MeasuredRow`` per pair. A
+    ``Conversation`` prompt is decoded turn by turn, each turn after the target's own reply, and counts as one prompt.
 
     With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
     timed alternately with the speculative run, prompt by prompt, and the outputs checked equal (the row's
@@ -102,12 +104,16 @@ def _timed_row(module, prompts, max_new_tokens, k, schedule, on_prompt, label) -
 def _untimed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, advance, label) -> MeasuredRow:
     generator = torch.Generator().manual_seed(seed)
     runs = []
-    for prompt in prompts:
-        _, run = speculative_generate(
-            module.target, module.drafter, torch.tensor([prompt]), max_new_tokens, mode=label["mode"], k=k,
+
+    def turn(ids):  # lossless: the speculative output is the target's own reply, the next turn follows it
+        output, run = speculative_generate(
+            module.target, module.drafter, torch.tensor([ids]), max_new_tokens, mode=label["mode"], k=k,
             temperature=temperature, generator=generator, **schedule,
         )  # fmt: skip
-        runs.append(run)
+        return run, reply_ids(output, len(ids))
+
+    for prompt in prompts:
+        runs.append(DecodeStats.merge(decode_turns(prompt, turn)))  # a multi-turn prompt: its turns pooled
         advance()
     records = [PromptDecodeRecord.from_stats(run) for run in runs if run.target_forwards > 0]
     return _stats_row(DecodeStats.merge(runs), len(prompts), records, label)

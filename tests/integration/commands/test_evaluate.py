@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -16,6 +17,7 @@ from dspark_lightning.checks import dumps_json
 from dspark_lightning.cli import cli_main
 from dspark_lightning.errors import OptionError
 from dspark_lightning.machine import machine_description
+from dspark_lightning.measuring.eval_sets import EvalSetError
 from dspark_lightning.measuring.loading import load_trained
 from dspark_lightning.measuring.results import EvalSetRow, MeasuredRow, from_json, to_json
 
@@ -197,6 +199,78 @@ def test_decode_on_eval_sets_reports_tau_and_speedup_with_intervals(trained_chec
 def test_decode_refuses_an_unknown_eval_set(trained_checkpoint):
     with pytest.raises(SystemExit):  # jsonargparse names the option and the allowed values
         cli_main(["decode", f"--ckpt_path={trained_checkpoint}", "--eval_sets=[mmlu]"])
+
+
+def prompt_files(directory: Path) -> list[Path]:
+    """A user's prompts in each supported shape: ``prompt``, ``turns`` (two user turns) and ShareGPT
+    ``conversations`` (gzipped; the reply and what follows it are not part of the prompt)."""
+    shapes = {
+        "prompts.jsonl": [{"id": "p1", "prompt": "Name three colours."}, {"prompt": "What is a cat?"}],
+        "turns.jsonl": [{"turns": ["Say a number.", "Now double it."]}, {"turns": ["Hi!", "How are you?"]}],
+        "chats.jsonl.gz": [
+            {"id": "c1", "conversations": [{"from": "human", "value": "Write a haiku."}, {"from": "gpt", "value": "."}]},
+            {"id": "c2", "conversations": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]},
+        ],
+    }  # fmt: skip
+    paths = []
+    for name, records in shapes.items():
+        path = directory / name
+        text = "".join(json.dumps(record) + "\n" for record in records)
+        path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+        paths.append(path)
+    return paths
+
+
+def test_decode_runs_every_named_set_and_each_prompt_file_shape(trained_checkpoint, tmp_path):
+    files = prompt_files(tmp_path)
+    names = ["sharegpt_heldout", "humaneval", "gsm8k", "mbpp", "mt_bench", *map(str, files)]
+    out = tmp_path / "sets.json"
+    cli_main(["decode", f"--ckpt_path={trained_checkpoint}", "--modes=[markov]", f"--eval_sets=[{','.join(names)}]",
+              "--eval_set_limit=2", "--max_new_tokens=8", f"--json={out}"])  # fmt: skip
+    rows = [from_json(EvalSetRow, row) for row in json.loads(out.read_text())]
+    assert [row.summary.eval_set for row in rows] == names
+    for row in rows:
+        records = row.decoded.prompt_records
+        assert row.summary.num_prompts == len(records) == 2 - row.decoded.prompts_without_verify > 0
+        assert row.summary.outputs_equal is True  # each turn's output equals the target's own greedy generate
+        assert all(
+            r.emitted_tokens <= 8 * (2 if row.summary.eval_set in ("mt_bench", str(files[1])) else 1) for r in records
+        )
+    two_turns = [row for row in rows if row.summary.eval_set in ("mt_bench", str(files[1]))]
+    # both turns measured: more than one turn's 8 new tokens per question (the replies here never stop early)
+    assert all(r.emitted_tokens > 8 for row in two_turns for r in row.decoded.prompt_records)
+
+
+def test_decode_at_temperature_one_is_lossless_sampling_seeded(trained_checkpoint, tmp_path):
+    args = ["decode", f"--ckpt_path={trained_checkpoint}", "--modes=[markov]", "--eval_sets=[gsm8k,mt_bench]",
+            "--eval_set_limit=3", "--max_new_tokens=8", "--temperature=1.0"]  # fmt: skip
+
+    def decoded(name: str) -> list[EvalSetRow]:
+        cli_main([*args, f"--json={tmp_path / name}"])
+        return [from_json(EvalSetRow, row) for row in json.loads((tmp_path / name).read_text())]
+
+    first, second = decoded("a.json"), decoded("b.json")
+    assert [row.decoded.temperature for row in first] == [1.0, 1.0]
+    assert [row.decoded.prompt_records for row in first] == [row.decoded.prompt_records for row in second]
+    assert all(row.summary.speedup is None and row.summary.num_prompts == 3 for row in first)  # sampled: untimed
+
+
+def test_a_bad_prompt_file_is_one_line_naming_the_file_and_the_record(trained_checkpoint, tmp_path):
+    bad = tmp_path / "mine.jsonl"
+    cases = {
+        '{"prompt": "ok"}\n{"prompt": "a", "turns": ["b"]}\n': r"mine\.jsonl:2: a prompt record holds exactly one of",
+        '{"prompt": "ok"}\n{"turns": []}\n': r"mine\.jsonl:2: 'turns' must be a non-empty list of strings",
+        '{"prompt": "ok"}\n{"prompt": "ok"\n': r"mine\.jsonl:2: not a JSON record",
+        '{"conversations": [{"from": "gpt", "value": "hi"}]}\n': r"mine\.jsonl:1: the prompt must end in a user turn",
+        "": r"mine\.jsonl holds no prompts",
+    }
+    for text, message in cases.items():
+        bad.write_text(text)
+        with pytest.raises(EvalSetError, match=rf"^eval set '{re.escape(str(bad))}': .*{message}") as error:
+            cli_main(["decode", f"--ckpt_path={trained_checkpoint}", f"--eval_sets=[gsm8k,{bad}]"])
+        assert "\n" not in str(error.value)
+    with pytest.raises(EvalSetError, match=r"eval set '.*missing\.jsonl': .*missing\.jsonl: no such file$"):
+        cli_main(["decode", f"--ckpt_path={trained_checkpoint}", f"--eval_sets=[{tmp_path / 'missing.jsonl'}]"])
 
 
 def test_a_checkpoint_that_does_not_match_its_hyper_parameters_is_a_clear_error(trained_checkpoint, tmp_path):

@@ -7,7 +7,6 @@ import gzip
 import json
 import re
 from types import SimpleNamespace
-from typing import get_args
 
 import pytest
 from helpers.paths import ASSETS, DEMO_TARGET, ROOT
@@ -132,7 +131,8 @@ def test_sharegpt_heldout_completion_form_is_each_first_user_turn_as_plain_text(
 
 # ------------------------------------------------------------------------------------------------ errors
 def test_an_unknown_set_lists_the_known_ones():
-    with pytest.raises(EvalSetError, match="unknown eval set 'mmlu'; known eval sets: humaneval, sharegpt_heldout"):
+    known = "gsm8k, humaneval, mbpp, mt_bench, sharegpt_heldout, or a prompt file ending .jsonl or .jsonl.gz"
+    with pytest.raises(EvalSetError, match=f"unknown eval set 'mmlu'; known eval sets: {known}"):
         load_eval_set("mmlu")
 
 
@@ -194,8 +194,12 @@ def test_sharegpt_heldout_errors_name_the_set_and_the_file(tmp_path, tokenizer):
 
 
 # ------------------------------------------------------------------------------------------------ entry points
-def test_the_option_type_lists_exactly_the_sets():
-    assert set(get_args(EvalSetName)) == set(eval_sets.EVAL_SETS)
+def test_the_option_type_takes_exactly_the_sets_and_prompt_file_paths():
+    accepted = [*eval_sets.EVAL_SETS, "mine.jsonl", "dir/mine.jsonl.gz", "/abs/p.jsonl"]
+    assert [str(EvalSetName(name)) for name in accepted] == accepted
+    for refused in ("mmlu", "gsm8k2", "mine.json", "mine.jsonl.bz2", ".jsonl", "sharegpt_heldout.txt"):
+        with pytest.raises(ValueError):
+            EvalSetName(refused)
 
 
 def test_a_data_modules_prompts_default_to_its_val_files_and_split(tokenizer):
