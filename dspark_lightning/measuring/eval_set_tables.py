@@ -43,7 +43,7 @@ def measure_eval_sets(
     rows = []
     for name in names:
         prompts = datamodule_prompt_ids(data, name, limit, heldout_files, heldout_split)
-        timed = baseline and temperature == 0
+        timed = baseline
         _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed, packed_verify)
         print(f"eval set {name}: {plan}", flush=True)
 

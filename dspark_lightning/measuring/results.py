@@ -68,13 +68,15 @@ class GenerateComparison:
     """Speculative decoding timed against the target's greedy ``generate``, prompt by prompt, outputs compared."""
 
     speedup: float
-    """Total ``generate`` seconds / total speculative seconds."""
+    """Total ``generate`` seconds / total speculative seconds (sampled: each prompt's ``generate`` seconds per token
+    times the speculative run's tokens, so a ratio of seconds per token)."""
     median_prompt_speedup: float
     """Median over prompts of the per-prompt speedup."""
     baseline_tokens_per_second: float
     """``generate``'s new tokens / its seconds, over every prompt."""
-    outputs_equal: bool
-    """Every output equals ``generate``'s token for token, or differs from it by a float tie only."""
+    outputs_equal: bool | None
+    """Every output equals ``generate``'s token for token, or differs from it by a float tie only; None: sampled
+    (T > 0), two samples are not compared."""
     mismatches: list[int]
     """Prompts whose output differs by more than a float tie (greedy decoding must be lossless)."""
     ties: list[int] = field(default_factory=list)

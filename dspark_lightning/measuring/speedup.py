@@ -1,4 +1,5 @@
-"""Wall-clock speedup of greedy speculative decoding over the target's own greedy ``generate``, same process."""
+"""Wall-clock speedup of speculative decoding over the target's own ``generate`` (greedy, or sampled at the same
+temperature), same process."""
 
 from __future__ import annotations
 
@@ -101,8 +102,10 @@ def measure_speedup(
     device=None,
     on_prompt: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> SpeedupResult:
-    """Time greedy ``generate`` (the baseline) and greedy ``speculative_generate`` alternately, prompt by prompt.
+    """Time ``generate`` (the baseline) and ``speculative_generate`` alternately, prompt by prompt.
 
     For each prompt the baseline runs first, then the speculative run, so load from other processes hits both
     alike; one untimed call of each on the first prompt warms them up. Both are timed around the whole call (prompt
@@ -115,6 +118,13 @@ def measure_speedup(
     prompt's timed runs (a progress bar); ``clock`` is the timer (seconds). A prompt is token ids or a
     ``Conversation`` (``measuring.turns``): each of its turns is timed the same way, the next turn following the
     target's own (``generate``) reply, and the prompt's record pools its turns.
+
+    ``temperature`` > 0: both sample at that temperature from the target's whole distribution (``generate`` with
+    no top-k or top-p; the speculative run is lossless rejection sampling, seeded with ``seed``, ``generate`` with
+    the global generator seeded the same way inside a forked RNG state). Two samples are two different replies, so
+    outputs are not compared (``outputs_equal`` None) and each prompt's baseline seconds are its ``generate``
+    seconds per new token times the speculative run's new tokens (``baseline_prompt_seconds`` keeps the raw ones):
+    the speedup is a ratio of seconds per token, which at T = 0 (equal outputs) is the plain ratio of seconds.
 
     Returns a ``SpeedupResult`` (``measuring.results``; its fields are documented there): the speculative runs'
     numbers, their ``comparison`` with ``generate`` (speedup, equality, the ``Spread`` and, with ``packed_verify``,
@@ -131,15 +141,22 @@ def measure_speedup(
     prompts = [p if isinstance(p, Conversation) else _as_ids(p, "cpu")[0].tolist() for p in prompts]
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
+    sampled = temperature > 0
+    if sampled and packed_verify:
+        raise ValueError("packed_verify times a second greedy baseline: use it at temperature 0")
+    # the full distribution at `temperature`, as lossless speculative sampling draws from (no top-k / top-p warper)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
+    generator = torch.Generator(device=device).manual_seed(seed) if sampled else None
+
     def baseline(ids):
         return model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
             min_new_tokens=0,
-            do_sample=False,
             eos_token_id=eos,
             pad_token_id=pad,
+            **sampling,
         )
 
     # the target's linears on the kernels the verify forwards use (same batch hint: the packed weights are shared)
@@ -162,6 +179,8 @@ def measure_speedup(
             eos_token_id=eos,
             drafter_cache=drafter_cache,
             packed_verify=packed_verify,
+            temperature=temperature,
+            generator=generator,
         )
 
     def timed(fn, ids):
@@ -170,13 +189,6 @@ def measure_speedup(
         result = fn(ids)
         sync()
         return result, clock() - start
-
-    if warmup:
-        first = _as_ids(first_turn_ids(prompts[0]), device)
-        baseline(first)
-        if packed_kernels is not None:
-            packed_baseline(first)
-        speculative(first)
 
     def timed_turn(token_ids) -> tuple[_Turn, list[int]]:
         """One turn: baseline, packed baseline, speculative; the next turn follows the target's own reply."""
@@ -187,34 +199,44 @@ def measure_speedup(
             packed_output, turn.packed_seconds = timed(packed_baseline, ids)
             turn.packed_equal = torch.equal(packed_output, reference)  # unequal: a near-tie (~1e-5) the other way
         (output, turn.stats), turn.speculative_seconds = timed(speculative, ids)
-        if not torch.equal(output, reference):  # a float tie at the first differing token, or a bug
+        if not sampled and not torch.equal(output, reference):  # a float tie at the first difference, or a bug
             turn.difference = classify_difference(model, reference, output, ids.shape[1])
         return turn, reply_ids(reference, ids.shape[1])
 
     baseline_seconds, speculative_seconds, runs, mismatches, ties, differences = [], [], [], [], [], []
     packed_seconds, packed_mismatches = [], []
-    prompt_baseline_tokens = []
-    for index, prompt in enumerate(prompts):
-        turns = decode_turns(prompt, timed_turn)  # a multi-turn prompt is one question: its turns pooled
-        baseline_seconds.append(sum(turn.baseline_seconds for turn in turns))
-        prompt_baseline_tokens.append(sum(turn.baseline_tokens for turn in turns))
-        if packed_kernels is not None:
-            packed_seconds.append(sum(turn.packed_seconds for turn in turns))
-            if not all(turn.packed_equal for turn in turns):
-                packed_mismatches.append(index)
-        speculative_seconds.append(sum(turn.speculative_seconds for turn in turns))
-        runs.append(DecodeStats.merge([turn.stats for turn in turns]))
-        kinds = set()
-        for number, turn in enumerate(turns):
-            if turn.difference is not None:
-                kinds.add(turn.difference["kind"])
-                differences.append({"prompt": index, **({"turn": number} if len(turns) > 1 else {}), **turn.difference})
-        if kinds - {"tie"}:
-            mismatches.append(index)
-        elif kinds:
-            ties.append(index)
-        if on_prompt is not None:
-            on_prompt()
+    prompt_baseline_tokens, prompt_speculative_tokens = [], []
+    # generate samples from the global generator: seeded here, the caller's state restored afterwards
+    with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(seed)
+        if warmup:
+            first = _as_ids(first_turn_ids(prompts[0]), device)
+            baseline(first)
+            if packed_kernels is not None:
+                packed_baseline(first)
+            speculative(first)
+        for index, prompt in enumerate(prompts):
+            turns = decode_turns(prompt, timed_turn)  # a multi-turn prompt is one question: its turns pooled
+            baseline_seconds.append(sum(turn.baseline_seconds for turn in turns))
+            prompt_baseline_tokens.append(sum(turn.baseline_tokens for turn in turns))
+            prompt_speculative_tokens.append(sum(turn.stats.new_tokens for turn in turns))
+            if packed_kernels is not None:
+                packed_seconds.append(sum(turn.packed_seconds for turn in turns))
+                if not all(turn.packed_equal for turn in turns):
+                    packed_mismatches.append(index)
+            speculative_seconds.append(sum(turn.speculative_seconds for turn in turns))
+            runs.append(DecodeStats.merge([turn.stats for turn in turns]))
+            kinds = set()
+            for number, turn in enumerate(turns):
+                if turn.difference is not None:
+                    kinds.add(turn.difference["kind"])
+                    differences.append({"prompt": index, **({"turn": number} if len(turns) > 1 else {}), **turn.difference})
+            if kinds - {"tie"}:
+                mismatches.append(index)
+            elif kinds:
+                ties.append(index)
+            if on_prompt is not None:
+                on_prompt()
     if mismatches:
         warnings.warn(
             f"speculative output differs from the target's greedy generate on prompts {mismatches} "
@@ -232,6 +254,11 @@ def measure_speedup(
             "two logits tied within the kernels' rounding (~1e-5); its times still count as the packed baseline",
             stacklevel=2,
         )
+    # what generate would take for the speculative run's tokens (the same count at T = 0, outputs being equal)
+    per_token_baseline = [
+        b * n_spec / n_base if sampled and n_base > 0 else b
+        for b, n_base, n_spec in zip(baseline_seconds, prompt_baseline_tokens, prompt_speculative_tokens)
+    ]
     noise = spread(prompt_baseline_tokens, baseline_seconds, speculative_seconds)
     if noise.noisy:
         warnings.warn(
@@ -243,7 +270,7 @@ def measure_speedup(
         )
     merged = DecodeStats.merge(runs)
     baseline_tokens = sum(prompt_baseline_tokens)
-    base_total, spec_total = sum(baseline_seconds), sum(speculative_seconds)
+    base_total, spec_total = sum(per_token_baseline), sum(speculative_seconds)
     packed = None
     if packed_kernels is not None:
         packed = PackedBaseline(
@@ -254,8 +281,9 @@ def measure_speedup(
     comparison = GenerateComparison(
         speedup=base_total / spec_total if spec_total > 0 else float("nan"),
         median_prompt_speedup=statistics.median(noise.prompt_speedups),
-        baseline_tokens_per_second=baseline_tokens / base_total if base_total > 0 else float("nan"),
-        outputs_equal=not mismatches,  # every output equals generate's, or differs from it by a float tie only
+        baseline_tokens_per_second=baseline_tokens / sum(baseline_seconds) if base_total > 0 else float("nan"),
+        # every output equals generate's, or differs from it by a float tie only; sampled: not compared
+        outputs_equal=None if sampled else not mismatches,
         mismatches=mismatches,
         ties=ties,
         differences=differences,
@@ -273,7 +301,7 @@ def measure_speedup(
         max_new_tokens=max_new_tokens,
         new_tokens=merged.new_tokens,
         baseline_new_tokens=baseline_tokens,
-        baseline_seconds=base_total,
+        baseline_seconds=sum(baseline_seconds),  # raw; the speedup uses per_token_baseline
         speculative_seconds=spec_total,
         speculative_tokens_per_second=merged.new_tokens / spec_total if spec_total > 0 else float("nan"),
         tau=merged.tau,
@@ -291,11 +319,11 @@ def measure_speedup(
                 run,
                 baseline_seconds=b,
                 speculative_seconds=s,
-                outputs_equal=i not in mismatches,
+                outputs_equal=None if sampled else i not in mismatches,
                 packed_generate_seconds=packed_seconds[i] if packed_seconds else None,
                 output_tie=i in ties,
             )
-            for i, (run, b, s) in enumerate(zip(runs, baseline_seconds, speculative_seconds))
+            for i, (run, b, s) in enumerate(zip(runs, per_token_baseline, speculative_seconds))
             if run.target_forwards > 0
         ],
         stats=merged,

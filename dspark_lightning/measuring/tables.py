@@ -56,14 +56,15 @@ def decode_table(
     """Run speculative generation over ``prompts`` for each mode x threshold; one ``MeasuredRow`` per pair. A
     ``Conversation`` prompt is decoded turn by turn, each turn after the target's own reply, and counts as one prompt.
 
-    With ``baseline`` (greedy only) every row is measured by ``measure_speedup``: the target's own ``generate``
-    timed alternately with the speculative run, prompt by prompt, and the outputs checked equal (the row's
+    With ``baseline`` every row is measured by ``measure_speedup``: the target's own ``generate`` (sampling at the
+    same ``temperature`` when it is > 0) timed alternately with the speculative run, prompt by prompt, and greedy
+    outputs checked equal (the row's
     ``comparison``, its spread included). Each row keeps its per-prompt measurements (``prompt_records``, the input
     of ``summarize_eval_set``); a prompt with no verify step (its first token ended it) has no tau and is counted in
     ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
     ``on_rows``: called with the rows so far after each one (``decode --json`` keeps what an interrupted run measured).
     """
-    timed = baseline and temperature == 0
+    timed = baseline
     total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed, packed_verify)
     bar = progress_bar(progress, total, "runs") if progress else nullcontext(lambda n=1: None)
     runs_per_prompt = runs_per_timed_prompt(packed_verify)
@@ -79,7 +80,7 @@ def decode_table(
                 label = dict(mode=mode, threshold=list(threshold) if isinstance(threshold, tuple) else threshold)
                 if timed:
                     on_prompt = lambda: advance(runs_per_prompt)  # noqa: E731
-                    row = _timed_row(module, prompts, max_new_tokens, k, schedule, on_prompt, label)
+                    row = _timed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, on_prompt, label)
                 else:
                     row = _untimed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, advance, label)
                 rows.append(row)
@@ -88,10 +89,10 @@ def decode_table(
     return rows
 
 
-def _timed_row(module, prompts, max_new_tokens, k, schedule, on_prompt, label) -> MeasuredRow:
+def _timed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, on_prompt, label) -> MeasuredRow:
     result = measure_speedup(
         module.target, module.drafter, prompts, max_new_tokens, mode=label["mode"], k=k, on_prompt=on_prompt,
-        **schedule,
+        temperature=temperature, seed=seed, **schedule,
     )  # fmt: skip
     return dataclasses.replace(
         _stats_row(result.stats, len(prompts), result.prompt_records, label),
@@ -224,11 +225,11 @@ def print_decode_table(rows: list[MeasuredRow], title: str) -> None:
         if with_baseline and compared is not None:
             is_noisy = compared.spread is not None and compared.spread.noisy
             cells += [f"{compared.baseline_tokens_per_second:.1f}", f"{compared.speedup:.2f}x{'?' if is_noisy else ''}"]
-            cells.append("yes" if compared.outputs_equal else "[bold red]NO[/]")
+            cells.append({True: "yes", False: "[bold red]NO[/]", None: "- (sampled)"}[compared.outputs_equal])
             if with_packed:
                 packed = compared.packed
                 cells.append(f"{packed.speedup_vs_packed_generate:.2f}x" if packed is not None else "-")
-            mismatched += [] if compared.outputs_equal else [row]
+            mismatched += [] if compared.outputs_equal is not False else [row]
             noisy += [row] if is_noisy else []
         elif with_baseline:
             cells += ["-", "-", "-"] + (["-"] if with_packed else [])

@@ -249,10 +249,21 @@ def test_decode_at_temperature_one_is_lossless_sampling_seeded(trained_checkpoin
         cli_main([*args, f"--json={tmp_path / name}"])
         return [from_json(EvalSetRow, row) for row in json.loads((tmp_path / name).read_text())]
 
+    def counts(rows: list[EvalSetRow]) -> list:  # what the seeded sampling decides (not the clock)
+        return [[(r.emitted_tokens, r.target_forwards, r.accepted_per_slot) for r in row.decoded.prompt_records]
+                for row in rows]  # fmt: skip
+
     first, second = decoded("a.json"), decoded("b.json")
     assert [row.decoded.temperature for row in first] == [1.0, 1.0]
-    assert [row.decoded.prompt_records for row in first] == [row.decoded.prompt_records for row in second]
-    assert all(row.summary.speedup is None and row.summary.num_prompts == 3 for row in first)  # sampled: untimed
+    assert counts(first) == counts(second)
+    for row in first:  # timed against generate sampling at T = 1: a speedup with its interval, outputs not compared
+        assert row.summary.num_prompts == 3 and row.summary.outputs_equal is None
+        assert row.summary.speedup > 0 and row.summary.speedup_ci[0] <= row.summary.speedup <= row.summary.speedup_ci[1]
+        assert row.decoded.comparison.outputs_equal is None
+    untimed = ["decode", *args[1:], "--baseline=false", f"--json={tmp_path / 'c.json'}"]
+    cli_main(untimed)
+    rows = [from_json(EvalSetRow, row) for row in json.loads((tmp_path / "c.json").read_text())]
+    assert [row.summary.speedup for row in rows] == [None, None]
 
 
 def test_a_bad_prompt_file_is_one_line_naming_the_file_and_the_record(trained_checkpoint, tmp_path):

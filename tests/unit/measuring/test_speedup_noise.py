@@ -93,3 +93,47 @@ def test_packed_verify_also_times_generate_on_the_packed_kernels():
     assert [r.packed_generate_seconds for r in result.prompt_records] == packed
     model = target.model if hasattr(target, "model") else target
     assert not any("forward" in m.__dict__ for m in model.modules())  # generate's own kernels are restored
+
+
+def test_a_sampled_speedup_is_a_ratio_of_seconds_per_token(monkeypatch):
+    """At T = 1 both runs sample, their replies differ in length (EOS), and each prompt's generate seconds are
+    scaled to the speculative reply's length: checked against the lengths the two runs really returned."""
+    from dspark_lightning.measuring import speedup as module
+
+    model, target, drafter, _ = bigram_setup(noise=0.7)
+    lengths = {"baseline": [], "speculative": []}
+    generate, speculative = model.generate, module.speculative_generate
+
+    def counted_generate(ids, **kwargs):
+        assert kwargs["do_sample"] and kwargs["temperature"] == 1.0 and kwargs["top_k"] == 0
+        out = generate(ids, **kwargs)
+        lengths["baseline"].append(out.shape[1] - ids.shape[1])
+        return out
+
+    def counted_speculative(target, drafter, ids, *args, **kwargs):
+        out, stats = speculative(target, drafter, ids, *args, **kwargs)
+        lengths["speculative"].append(out.shape[1] - ids.shape[1])
+        return out, stats
+
+    monkeypatch.setattr(model, "generate", counted_generate)
+    monkeypatch.setattr(module, "speculative_generate", counted_speculative)
+    prompts = [[3, 1, 4], [2, 7, 1, 8], [5, 9], [2, 6, 5], [1, 1], [4, 2, 2]]
+    baseline, spec = [1.0, 2.0, 1.5, 4.0, 1.0, 3.0], [0.5, 1.0, 1.0, 1.0, 0.8, 0.7]
+    durations = [t for pair in zip(baseline, spec) for t in pair]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the scripted baseline is noisy on purpose
+        result = measure_speedup(
+            target, drafter, prompts, 12, mode="markov", eos_token_id=[0, 5], warmup=False, temperature=1.0,
+            seed=3, clock=scripted_clock(durations),
+        )  # fmt: skip
+    nb, ns = np.array(lengths["baseline"]), np.array(lengths["speculative"])
+    assert (nb != ns).any()  # two samples: different lengths, else the scaling is not tested
+    assert result.baseline_prompt_seconds == pytest.approx(baseline)  # the raw seconds are kept
+    expected = np.sum(np.array(baseline) * ns / nb) / np.sum(spec)
+    assert result.comparison.speedup == pytest.approx(expected)
+    scaled = (np.array(baseline) * ns / nb).tolist()  # records: the prompts with a verify step, in order
+    assert all(any(r.baseline_seconds == pytest.approx(x) for x in scaled) for r in result.prompt_records)
+    assert result.comparison.outputs_equal is None and all(r.outputs_equal is None for r in result.prompt_records)
+    assert result.baseline_new_tokens == nb.sum() and result.new_tokens == ns.sum()
+    with pytest.raises(ValueError, match="packed_verify .* temperature 0"):
+        measure_speedup(target, drafter, prompts, 4, temperature=1.0, packed_verify=True, warmup=False)
