@@ -230,7 +230,9 @@ def measure_speedup(
             for number, turn in enumerate(turns):
                 if turn.difference is not None:
                     kinds.add(turn.difference["kind"])
-                    differences.append({"prompt": index, **({"turn": number} if len(turns) > 1 else {}), **turn.difference})
+                    differences.append(
+                        {"prompt": index, **({"turn": number} if len(turns) > 1 else {}), **turn.difference}
+                    )
             if kinds - {"tie"}:
                 mismatches.append(index)
             elif kinds:
