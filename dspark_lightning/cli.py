@@ -21,6 +21,7 @@ from dspark_lightning.huge_pages import use_huge_pages
 from dspark_lightning.interop.export import export_command
 from dspark_lightning.interop.import_gguf import import_gguf_command
 from dspark_lightning.interop.serve_check import serve_check_command
+from dspark_lightning.interop.serve_speedup import serve_speedup_command
 from dspark_lightning.lightning.fit import LIGHTNING_COMMANDS, lightning_main
 from dspark_lightning.measuring.calibrate import calibrate_command
 from dspark_lightning.measuring.decode import decode_command
@@ -40,6 +41,7 @@ TOOL_COMMANDS: dict[str, Callable[..., object]] = {
     "calibrate": calibrate_command,
     "export": export_command,
     "serve-check": serve_check_command,
+    "serve-speedup": serve_speedup_command,
     "report": report_command,
     "report-recipe": report_recipe_command,
     "loss-study": loss_study_command,

