@@ -40,9 +40,10 @@ overlay() {  # the one change each choice makes to the base (the study's `anchor
     base) ;;
     muon|feature_noise|full_vocab|block16|draft_opd) echo "--config configs/recipe_choices/$1.yaml" ;;
     vanilla) echo "--config configs/heads/vanilla.yaml" ;;  # the Markov head vLLM's DSpark serves today
+    dflash) echo "--config configs/heads/dflash.yaml" ;;    # no heads, slot 0 the anchor: vLLM's dflash method (CPU too)
     combined*) for c in ${COMBINED:?combined: set COMBINED to the choices to combine, e.g. COMBINED=\"muon feature_noise\"}; do
         overlay "$c"; done ;;
-    *) echo "unknown choice $1 (base | muon | feature_noise | full_vocab | block16 | draft_opd | combined)" >&2; exit 2 ;;
+    *) echo "unknown choice $1 (base | muon | feature_noise | full_vocab | block16 | draft_opd | vanilla | dflash | combined)" >&2; exit 2 ;;
   esac
 }
 

@@ -86,4 +86,6 @@ def test_different_outputs_are_reported_and_a_dspark_export_is_refused_on_cpu(tm
     with pytest.raises(OptionError, match="the dspark method needs a GPU in vLLM; export with --format dflash"):
         serve_speedup_command(str(dspark), str(verifier), eval_set=str(prompts), vllm_python=str(python))
     with pytest.raises(OptionError, match="--batch_sizes each >= 2"):
-        serve_speedup_command(str(export), str(verifier), eval_set=str(prompts), batch_sizes=[1], vllm_python=str(python))
+        serve_speedup_command(
+            str(export), str(verifier), eval_set=str(prompts), batch_sizes=[1], vllm_python=str(python)
+        )
