@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-GROUPS = ("training", "memory", "decoding", "precision")
+GROUPS = ("training", "memory", "decoding", "precision", "data")
 
 
 # name -> (module under benchmarks/, full-run arguments, quick-run arguments, result stem, quick result stem)
@@ -56,11 +56,22 @@ KNOWN: dict[str, tuple[str, list[str], list[str], str | None, str | None]] = {
     "bf16": ("precision.bf16_vs_fp32", [], ["--quick"], "bf16", "bf16_quick"),
     "rollback": ("decoding.rollback_cost", [], ["--quick"], "rollback", "rollback_quick"),
     "selector": ("decoding.selector_walk", ["--threads", "1"], ["--quick", "--threads", "1"], "selector", "selector_quick"),
+    "cache_digest": ("data.cache_digest", [], ["--quick"], "cache_digest", "cache_digest_quick"),
     "quickstart": ("training.quickstart_wall_time", [], ["--quick"], "quickstart", "quickstart_quick"),  # last: the longest, the most load-bound
 }
 # fmt: on
 # the others get RESULTS patched instead
-OUT_DIR_OPTION = {"train_step", "scaling", "quickstart", "decode", "verify_kernels", "threads", "lm_head", "rollback"}
+OUT_DIR_OPTION = {
+    "train_step",
+    "scaling",
+    "quickstart",
+    "decode",
+    "verify_kernels",
+    "threads",
+    "lm_head",
+    "rollback",
+    "cache_digest",
+}
 
 
 def discover() -> dict[str, tuple[str, list[str], list[str], str | None, str | None]]:

@@ -7,6 +7,7 @@ docs/design/design.md §3.6."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,10 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data import IterableDataset as TorchIterableDataset
 
+from dspark_lightning.data.cache_integrity import DIGEST, HASH_ON_READ_MAX_BYTES, check_digest, check_sizes
 from dspark_lightning.dtypes import torch_dtype
+
+log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "dspark-target-cache/2"
 READABLE_FORMATS = ("dspark-target-cache/1", CACHE_FORMAT)  # 1: no teacher statistics
@@ -75,6 +79,9 @@ class CacheIndex:
             )
         if not meta.get("complete"):
             raise ValueError(f"{path}: the cache is incomplete (interrupted?); rerun the same cache command to finish")
+        check_sizes(directory, meta["shards"])  # before any step: a shard cut short or missing is named now
+        if meta["shards"] and all(DIGEST not in shard for shard in meta["shards"]):
+            log.info("%s: written before index.json recorded shard sizes and digests: nothing to check", directory)
         return cls(directory, meta)
 
     @property
@@ -131,6 +138,9 @@ class CachedFeatureDataset(TorchIterableDataset):
     ) -> None:
         self.indexes = load_cache_indexes(directories)
         self.locations = [loc for index in self.indexes for loc in index.locate()]
+        self.shard_entries = {
+            str(index.directory / s["file"]): s for index in self.indexes for s in index.meta["shards"]
+        }
         self.teacher_stats = all(index.has_teacher_stats for index in self.indexes)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size = rank, world_size
@@ -170,6 +180,9 @@ class CachedFeatureDataset(TorchIterableDataset):
         for sample in samples:
             path, row = self.locations[sample]
             if path not in self._handles:
+                shard = self.shard_entries[path]
+                if shard.get("bytes", HASH_ON_READ_MAX_BYTES + 1) <= HASH_ON_READ_MAX_BYTES:
+                    check_digest(path, shard)  # once per process: a flipped byte is named, never trained on
                 self._handles[path] = safe_open(path, "pt")
             handle = self._handles[path]
             for name in rows:

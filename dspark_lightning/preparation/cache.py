@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +16,7 @@ from typing import Any, Literal
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 
-from dspark_lightning.checks import usable_device
+from dspark_lightning.checks import usable_device, write_json
 from dspark_lightning.data.accounting import NoTrainableDataError
 from dspark_lightning.data.cache import (
     CACHE_FORMAT,
@@ -27,6 +28,7 @@ from dspark_lightning.data.cache import (
     bytes_per_sample,
     format_bytes,
 )
+from dspark_lightning.data.cache_integrity import DIGEST, CacheDamagedError, shard_record, verify_cache
 from dspark_lightning.data.datamodule import ShareGPTDataModule
 from dspark_lightning.dtypes import torch_dtype
 from dspark_lightning.errors import OptionError, loading
@@ -149,9 +151,11 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
             return
         name = SHARD_PATTERN.format(len(index["shards"]))
         tensors = {key: torch.cat(values).contiguous() for key, values in pending.items()}
-        save_file(tensors, str(output / name), metadata={"format": CACHE_FORMAT})
-        index["shards"].append({"file": name, "num_samples": count})
-        index_path.write_text(json.dumps(index, indent=1))
+        partial = output / f"{name}.partial"  # renamed whole once written: a kill never leaves a short shard
+        save_file(tensors, str(partial), metadata={"format": CACHE_FORMAT})
+        os.replace(partial, output / name)
+        index["shards"].append({"file": name, "num_samples": count, **shard_record(output / name)})
+        write_json(index_path, index)  # renamed over the old one: never half a file
         for values in pending.values():
             values.clear()
         log(f"wrote {name} ({count} samples, {sum(s['num_samples'] for s in index['shards'])} in total)")
@@ -193,7 +197,7 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         raise NoTrainableDataError(datamodule.no_rows_message("train"))
     index["data_stats"] = datamodule.data_stats("train")
     index["complete"] = True
-    index_path.write_text(json.dumps(index, indent=1))
+    write_json(index_path, index)  # renamed over the old one: never half a file
     total = sum(s["num_samples"] for s in index["shards"])
     size = sum((output / s["file"]).stat().st_size for s in index["shards"])
     log(f"cache complete: {total} samples in {len(index['shards'])} shards, {format_bytes(size)} at {output}")
@@ -201,9 +205,9 @@ def write_cache(args: argparse.Namespace, log: Callable[[str], None] = print) ->
 
 
 def cache_command(
-    target: str,
-    data: list[str] | str,
-    output: str,
+    target: str | None = None,
+    data: list[str] | str | None = None,
+    output: str | None = None,
     seq_len: PositiveInt = 512,
     batch_size: PositiveInt = 8,
     block_size: PositiveInt = 8,
@@ -223,13 +227,14 @@ def cache_command(
     dry_run: bool = False,
     trust_remote_code: bool = False,
     format: Literal["auto", "chat", "completion"] = "auto",
+    verify: str | None = None,
 ) -> dict[str, Any]:
     """Run the frozen target once over packed conversations and store its features (train with no target).
 
     Args:
-        target: hub id or local path of the target model (and tokenizer)
-        data: local .json/.jsonl files, dirs, globs (quoted), or a hub id; one or a list
-        output: cache directory (index.json + features-NNNNN.safetensors)
+        target: hub id or local path of the target model (and tokenizer); required unless --verify
+        data: local .json/.jsonl files, dirs, globs (quoted), or a hub id; one or a list; required unless --verify
+        output: cache directory (index.json + features-NNNNN.safetensors); required unless --verify
         seq_len: packed sequence length (as data.seq_len)
         block_size: draft block size (skips rows with no anchor room)
         batch_size: packed samples per target forward
@@ -249,7 +254,14 @@ def cache_command(
         dry_run: print the size estimate and stop
         trust_remote_code: let transformers run the target's own modelling code
         format: the records' format, as data.format: chat, completion (base models) or auto (docs/design/data.md §1.5)
+        verify: instead of writing, check every shard of this cache directory against the sizes and BLAKE2b digests
+            its index.json records, print a summary and exit with status 2 when one is damaged
     """
+    if verify is not None:
+        return verify_command(verify)
+    missing = [name for name, value in (("target", target), ("data", data), ("output", output)) if value is None]
+    if missing:
+        raise OptionError(f"cache needs {', '.join('--' + m for m in missing)} (or --verify PATH to check a cache)")
     if not 0 <= job_index < num_jobs:
         raise OptionError(f"--job_index must be in [0, {num_jobs}), got {job_index}")
     if not device_map:
@@ -257,3 +269,20 @@ def cache_command(
     settings = dict(locals())
     settings["data"] = [data] if isinstance(data, str) else list(data)  # the resume check compares lists
     return write_cache(argparse.Namespace(**settings))
+
+
+def verify_command(directory: str) -> dict[str, Any]:
+    """``cache --verify``: every shard's size and digest against index.json; raises naming each damaged one."""
+    path = Path(directory, INDEX_NAME)
+    if not path.is_file():
+        raise OptionError(f"--verify {directory}: not a target cache (no {INDEX_NAME})")
+    result = verify_cache(directory, json.loads(path.read_text())["shards"])  # every shard, not the first damaged
+    print(
+        f"{directory}: {len(result['ok'])} shards match their recorded size and {DIGEST} digest, "
+        f"{len(result['damaged'])} damaged, {len(result['unrecorded'])} without a recorded digest (an older cache)"
+    )
+    for line in result["damaged"]:
+        print(f"  damaged: {line}")
+    if result["damaged"]:
+        raise CacheDamagedError(f"{directory}: {len(result['damaged'])} damaged shards (listed above)")
+    return result

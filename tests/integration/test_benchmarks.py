@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ if str(ROOT) not in sys.path:  # ``benchmarks`` is a folder of the repository, n
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import run_all  # noqa: E402
+from benchmarks.data import cache_digest as bench_cache_digest  # noqa: E402
 from benchmarks.decoding import lm_head_kernels as bench_lm_head  # noqa: E402
 from benchmarks.decoding import speedup_vs_generate as bench_decode  # noqa: E402
 from benchmarks.decoding import thread_count as bench_threads  # noqa: E402
@@ -202,3 +204,13 @@ def test_rollback_quick_names_the_machine(tmp_path):
     header, records = read_csv(tmp_path / "rollback_quick.csv")
     assert "rollback_share" in header and records[0]["torch"] == saved["machine"]["torch"]
     assert saved["machine"]["cpu"] in (tmp_path / "rollback_quick.md").read_text()
+
+
+def test_cache_digest_quick_writes_its_medians_and_ratio(tmp_path):
+    result = bench_cache_digest.run(4, 2, tmp_path, quick=True, log=lambda *_: None)
+    saved = json.loads((tmp_path / "cache_digest_quick.json").read_text())
+    assert saved["shard_bytes"] > 4 * 2**20 * 0.9 and len(saved["write_seconds"]) == len(saved["digest_seconds"]) == 2
+    assert saved["digest_over_write"] == pytest.approx(
+        statistics.median(saved["digest_seconds"]) / statistics.median(saved["write_seconds"])
+    )
+    assert result["machine"]["cpu"] and "digest / write" in (tmp_path / "cache_digest_quick.md").read_text()

@@ -97,6 +97,8 @@ def format_1_copy(cache: Path, output: Path) -> Path:
 
     output.mkdir()
     index = json.loads((cache / "index.json").read_text()) | {"format": "dspark-target-cache/1"}
+    # as format 1 was written: no byte sizes or digests either
+    index["shards"] = [{"file": s["file"], "num_samples": s["num_samples"]} for s in index["shards"]]
     for shard in index["shards"]:
         tensors = load_file(str(cache / shard["file"]))
         save_file({k: v for k, v in tensors.items() if k not in TEACHER_STAT_FIELDS}, str(output / shard["file"]))
