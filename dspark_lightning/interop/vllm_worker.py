@@ -3,7 +3,9 @@ torch and safetensors only). ``load``: vLLM's drafter class built from the expor
 ``qkv_proj`` / ``gate_up_proj`` as concatenations; the V1 runner gate bypassed for the build only). ``serve``:
 ``vllm.LLM`` with the export as its speculative model, greedy; the ids and spec-decode counters go to the result.
 ``time``: the same engine with or without the drafter (``speculative``), every prompt timed alone (batch size 1), then
-the prompts in batches of each ``batch_sizes`` entry; seconds, ids and counters go to the result."""
+the prompts in batches of each ``batch_sizes`` entry; seconds, ids and counters go to the result. ``generate``
+(``regenerate --engine vllm``): one engine kept for the whole run, requests read as JSON lines from stdin and answered
+on stdout (vLLM's own output moved to stderr), until stdin closes."""
 
 from __future__ import annotations
 
@@ -154,14 +156,47 @@ def time_generation(job: dict) -> dict:
     }
 
 
+def generate_loop(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+
+    protocol = os.fdopen(os.dup(1), "w")  # answers only: everything vLLM or torch prints goes to stderr
+    os.dup2(2, 1)
+    parallel = dict(tensor_parallel_size=job["tensor_parallel_size"], data_parallel_size=job["data_parallel_size"])
+    args = EngineArgs(model=job["target"], dtype=job["dtype"], max_model_len=job["max_model_len"], seed=job["seed"],
+                      gpu_memory_utilization=job["memory_fraction"], trust_remote_code=job["trust_remote_code"],
+                      enforce_eager=True, **parallel)  # fmt: skip
+    llm = LLM(**vars(args))
+    protocol.write(json.dumps({"ready": True}) + "\n")
+    protocol.flush()
+    served = 0
+    for line in sys.stdin:
+        request = json.loads(line)
+        sampling = request["sampling"] or {"temperature": 0.0}
+        params = [
+            SamplingParams(max_tokens=request["max_new_tokens"], stop_token_ids=request["stop_token_ids"],
+                           seed=request["seed"] + i if sampling["temperature"] > 0 else None, **sampling)
+            for i in range(len(request["prompts"]))
+        ]  # fmt: skip
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in request["prompts"]], params, use_tqdm=False)
+        answer = {"outputs": [list(o.outputs[0].token_ids) for o in outputs]}
+        answer["finish"] = [o.outputs[0].finish_reason for o in outputs]
+        protocol.write(json.dumps(answer) + "\n")
+        protocol.flush()
+        served += len(outputs)
+    return {"served": served}
+
+
 def main(job_path: str) -> None:
     """Run the job's ``task`` (one per process: each sets up vLLM's distributed state) and write its result."""
     with open(job_path) as file:
         job = json.load(file)
     try:
-        result = {"load": load_check, "serve": serve, "time": time_generation}[job["task"]](job)
+        tasks = {"load": load_check, "serve": serve, "time": time_generation, "generate": generate_loop}
+        result = tasks[job["task"]](job)
     except Exception as error:  # reported to serve-check as one line, not a traceback
-        result = {"error": f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()][:3]  # pydantic: the field's line
+        result = {"error": f"{type(error).__name__}: {' / '.join(lines)}"}
     with open(job["result"], "w") as file:
         json.dump(result, file)
 

@@ -68,7 +68,10 @@ def greedy_new_tokens(
 ) -> list[list[int]]:
     """Greedy (``do_sample=False``) new tokens of every prompt, or sampled ones with ``sampling``, generated together
     with left padding; each is cut before its first eos. One that reaches ``max_new_tokens`` without an eos is counted
-    as ``truncated_key``."""
+    as ``truncated_key``. A ``model`` with ``new_tokens`` (``interop.vllm_engine.VllmGenerator``) generates them
+    itself, with the same cut and count."""
+    if callable(getattr(model, "new_tokens", None)):
+        return model.new_tokens(prompts, max_new_tokens, eos_ids, counts, truncated_key, sampling)
     width = max(map(len, prompts))
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)

