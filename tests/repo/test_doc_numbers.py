@@ -274,19 +274,57 @@ def interval(value: str, bounds: str, suffix: str = "") -> Callable[[dict], str]
 
 SCHEDULES = {False: "whole blocks", True: "cost model"}
 
+
+PER_BENCHMARK = "experiments/per_benchmark/results.json"
+
+
+def per_benchmark_smollm2() -> list[dict]:
+    return [r for r in load_json(PER_BENCHMARK)["eval_sets"] if r["drafter"] == "smollm2"]
+
+
+def per_benchmark_row(drafter: str, temperature: float, eval_set: str) -> dict:
+    (r,) = [r for r in load_json(PER_BENCHMARK)["eval_sets"]
+            if (r["drafter"], r["temperature"], r["eval_set"]) == (drafter, temperature, eval_set)]  # fmt: skip
+    return r
+
+
+def per_benchmark_head(eval_set: str) -> Callable[[], str]:
+    def value():
+        (d,) = [d for d in load_json(PER_BENCHMARK)["head_differences"] if d["eval_set"] == eval_set]
+        return "{:+.3f} [{:+.3f}, {:+.3f}]".format(d["delta_tau"], *d["delta_tau_ci"])
+
+    return value
+
+
+def per_benchmark_vllm(batch_size: int, dtype: str = "float32") -> Callable[[], str]:
+    def value():
+        (r,) = [r for r in load_json(PER_BENCHMARK)["vllm"]
+                if (r["dtype"], r["engine"], r["batch_size"]) == (dtype, "vLLM", batch_size)]  # fmt: skip
+        return "{:.3f}x [{:.3f}, {:.3f}]".format(r["speedup"], *r["speedup_ci"])
+
+    return value
+
+
+def per_benchmark_rows(data: dict) -> dict:
+    """The SmolLM2 vanilla drafter's rows of experiments/per_benchmark/results.json by set, each {0.0: row, 1.0: row}."""
+    rows: dict = {}
+    for r in data["eval_sets"]:
+        if r["drafter"] == "smollm2":
+            rows.setdefault((r["eval_set"],), {"eval_set": r["eval_set"]})[r["temperature"]] = r
+    return rows
+
+
 RESULTS_TABLES = {
-    ("Results", 0): ResultsTable(  # README's headline
-        "experiments/smollm2_cpu_hour_study/packed_head/results.json",
-        "experiments/smollm2_cpu_hour_study/packed_head/",
-        lambda d: {(r["eval_set"], SCHEDULES[isinstance(r["threshold"], list)]): r for r in d["eval_sets"]},
+    ("Results", 0): ResultsTable(  # README's headline: the per-benchmark table's SmolLM2 vanilla rows, T = 0 and 1
+        PER_BENCHMARK,
+        "experiments/per_benchmark/",
+        per_benchmark_rows,
         lambda d: {
             "eval set": lambda r: r["eval_set"],
-            "schedule": lambda r: SCHEDULES[isinstance(r["threshold"], list)],
-            "measured tau [95% CI]": interval("measured_tau", "measured_tau_ci"),
-            "speedup vs `generate` [95% CI]": interval("speedup", "speedup_ci", "x"),
-            "vs `generate` on the same kernels [95% CI]": interval(
-                "speedup_vs_packed_generate", "speedup_vs_packed_generate_ci", "x"
-            ),
+            "greedy (T = 0): measured tau [95% CI]": lambda r: interval("measured_tau", "measured_tau_ci")(r[0.0]),
+            "speedup vs bf16 `generate` [95% CI]": lambda r: interval("speedup", "speedup_ci", "x")(r[0.0]),
+            "sampled (T = 1): measured tau [95% CI]": lambda r: interval("measured_tau", "measured_tau_ci")(r[1.0]),
+            "speedup vs sampling bf16 `generate` [95% CI]": lambda r: interval("speedup", "speedup_ci", "x")(r[1.0]),
         },
     ),
     ("The demo target: every head and block size", 0): ResultsTable(
@@ -779,13 +817,28 @@ def paired_delta(path: str, run: str, eval_set: str) -> Callable[[], str]:
 
 
 PROSE = {
-    "The best drafter measured so far": Figures(  # README's headline, above its table
+    "Per benchmark, SmolLM2-135M-Instruct": Figures(  # README's headline, above its table
         claims=[
-            ("on {} prompts of each evaluation set ×\n{} new tokens", packed_head("num_prompts"),
-             packed_head("max_new_tokens")),
-            ("on {} threads of an AMD EPYC", packed_head("torch_threads")),
+            ("{} prompts of each\nevaluation set × {} new tokens per turn",
+             lambda: same([r["num_prompts"] for r in per_benchmark_smollm2()], ".0f"),
+             lambda: same([r["max_new_tokens"] for r in per_benchmark_smollm2()], ".0f")),
         ],
-        context=["SmolLM2-135M-Instruct", "2,400 training steps on 3,000", "(AVX2)", "95%"],
+        context=["SmolLM2-135M-Instruct", "(1,500 steps)", "T = 1", "AVX512-BF16", "bf16", "95%", "Gemma 3"],
+    ),
+    "**Per benchmark**, the bf16 recipe's": Figures(  # docs/results.md
+        claims=[
+            ("measures {} on humaneval to {} on mbpp greedily\nand {} at T = 1",
+             lambda: fmt(per_benchmark_row("smollm2", 0.0, "humaneval")["measured_tau"], ".3f"),
+             lambda: fmt(per_benchmark_row("smollm2", 0.0, "mbpp")["measured_tau"], ".3f"),
+             lambda: span([r["measured_tau"] for r in per_benchmark_smollm2() if r["temperature"] == 1.0], ".3f")),
+            ("at {}x of bf16 `generate` greedily and {}x sampling",
+             lambda: span([r["speedup"] for r in per_benchmark_smollm2() if r["temperature"] == 0.0], ".3f"),
+             lambda: span([r["speedup"] for r in per_benchmark_smollm2() if r["temperature"] == 1.0], ".3f")),
+            ("({} on sharegpt_heldout) and least on humaneval ({})", per_benchmark_head("sharegpt_heldout"),
+             per_benchmark_head("humaneval")),
+            ("costs {} at batch size 1 and {} in batches of\n4", per_benchmark_vllm(1), per_benchmark_vllm(4)),
+        ],
+        context=["SmolLM2", "T = 1", "bf16", "float32", "batch size 1", "Gemma 3"],
     ),
     "Measured fairly (against": Figures(
         claims=[
@@ -795,6 +848,8 @@ PROSE = {
              "humaneval", timed("experiments/smollm2_bf16/results.json", "combined_bf16_long", "sharegpt_heldout",
                                 "cost model"),
              timed("experiments/smollm2_bf16/results.json", "combined_bf16_long", "humaneval", "cost model")),
+            ("the best so far, at {} on sharegpt_heldout", timed(SAMPLED, "combined_bf16_mixed_long", "sharegpt_heldout",
+                                                                 "cost model")),
         ],
         context=["AVX2", "AVX512-BF16", "bf16"],
     ),
@@ -1085,6 +1140,22 @@ CHOICES = "experiments/smollm2_recipe_choices/results.json"
 HEADS_1200, HEADS_3000 = "experiments/smollm2_heads/1200steps/results.json", "experiments/smollm2_heads/3000steps/results.json"
 # experiments/README.md: each row's headline (keyed by its folder) against the experiment's raw file
 LEDGER = {
+    "per_benchmark/": Figures(
+        claims=[
+            ("greedy {} on humaneval to {} on mbpp", lambda: fmt(per_benchmark_row("smollm2", 0.0, "humaneval")["measured_tau"], ".3f"),
+             lambda: fmt(per_benchmark_row("smollm2", 0.0, "mbpp")["measured_tau"], ".3f")),
+            ("{}x of bf16 `generate`", lambda: span([r["speedup"] for r in per_benchmark_smollm2() if r["temperature"] == 0.0], ".3f")),
+            ("{}x at T = 1", lambda: span([r["speedup"] for r in per_benchmark_smollm2() if r["temperature"] == 1.0], ".3f")),
+            ("the Markov head {} on sharegpt_heldout", lambda: "{:+.3f} [{:+.3f}, {:+.3f}]".format(
+                *(lambda d: (d["delta_tau"], *d["delta_tau_ci"]))(next(
+                    d for d in load_json(PER_BENCHMARK)["head_differences"] if d["eval_set"] == "sharegpt_heldout")))),
+            ("inside vLLM {} at batch size 1", lambda: "{:.3f}x [{:.3f}, {:.3f}]".format(
+                *(lambda r: (r["speedup"], *r["speedup_ci"]))(next(
+                    r for r in load_json(PER_BENCHMARK)["vllm"]
+                    if (r["dtype"], r["engine"], r["batch_size"]) == ("float32", "vLLM", 1))))),
+        ],
+        context=["T = 1", "float32"],
+    ),
     "demo_heads/": Figures(
         claims=[("measured tau {} without a head, {} with the vanilla head", head_tau(RESULTS_DEMO, "none", 8),
                  head_tau(RESULTS_DEMO, "vanilla", 8))],

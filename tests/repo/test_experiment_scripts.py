@@ -86,3 +86,8 @@ def test_recipe_report_sums_the_training_caches_a_run_read(tmp_path):
     assert report.train_size(both) == dict(train_records=1284, train_rows=272, train_supervised_tokens=170759)
     assert report.train_size(str(tmp_path / "a"))["train_rows"] == 203
     assert set(report.train_size([*both, str(tmp_path / "missing")]).values()) == {None}
+
+
+def test_the_per_benchmark_measurement_refuses_a_missing_drafter(tmp_path):
+    refused = run("experiments/per_benchmark/run.sh", "measure", "no_target", "0")
+    assert refused.returncode == 2 and "unknown target no_target" in refused.stderr, refused.stderr
