@@ -1,11 +1,8 @@
-"""The vLLM side of ``serve-check`` (``python vllm_worker.py JOB.json`` in the vLLM interpreter; it imports vLLM,
-torch and safetensors only). ``load``: vLLM's drafter class built from the export, every parameter compared (fused
-``qkv_proj`` / ``gate_up_proj`` as concatenations; the V1 runner gate bypassed for the build only). ``serve``:
-``vllm.LLM`` with the export as its speculative model, greedy; the ids and spec-decode counters go to the result.
-``time``: the same engine with or without the drafter (``speculative``), every prompt timed alone (batch size 1), then
-the prompts in batches of each ``batch_sizes`` entry; seconds, ids and counters go to the result. ``generate``
-(``regenerate --engine vllm``): one engine kept for the whole run, requests read as JSON lines from stdin and answered
-on stdout (vLLM's own output moved to stderr), until stdin closes."""
+"""The vLLM side of ``serve-check``, ``serve-speedup`` and ``regenerate --engine vllm`` (``python vllm_worker.py
+JOB.json`` in the vLLM interpreter; it imports vLLM, torch and safetensors only), one task per process: ``load``
+(vLLM's drafter class built from the export, every parameter compared), ``serve`` (greedy ids and spec-decode
+counters), ``time`` (with or without the drafter, alone then batched) and ``generate`` (one engine for a whole run,
+JSON lines on stdin and stdout). Each task's function says what it returns."""
 
 from __future__ import annotations
 

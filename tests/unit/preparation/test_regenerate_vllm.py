@@ -73,7 +73,7 @@ def test_the_vllm_path_writes_what_transformers_writes_and_resumes_the_same(tmp_
     assert requests and all(r["sampling"] is None and r["max_new_tokens"] == 12 for r in requests)
 
 
-def test_sampling_options_reach_vllm_in_its_terms_and_parallel_sizes_need_the_engine(tmp_path):
+def test_sampling_options_reach_vllm_in_its_terms_and_parallel_sizes_need_the_engine(tmp_path, monkeypatch):
     python = stand_in(tmp_path)
     regenerate(tmp_path / "out", "--limit", "2", "--engine", "vllm", "--vllm_python", str(python),
                "--temperature", "0.7", "--top_p", "0.8", "--seed", "5")  # fmt: skip
@@ -81,6 +81,7 @@ def test_sampling_options_reach_vllm_in_its_terms_and_parallel_sizes_need_the_en
     assert first["sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": -1} and first["seed"] == 5
     with pytest.raises(OptionError, match="--tensor_parallel_size and --data_parallel_size are vLLM's"):
         regenerate(tmp_path / "x", "--tensor_parallel_size", "2")
+    monkeypatch.delenv("DSPARK_VLLM_PYTHON", raising=False)  # neither the option nor the variable names one
     with pytest.raises(OptionError, match="^--vllm_python: "):
         regenerate(tmp_path / "y", "--engine", "vllm", "--vllm_python", "")
 
