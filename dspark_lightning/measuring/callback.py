@@ -11,7 +11,12 @@ from dspark_lightning.decoding import supported_modes
 from dspark_lightning.errors import OptionError
 from dspark_lightning.lightning.callbacks import parameters_sharded, this_validation_tau
 from dspark_lightning.measuring.eval_set_summary import summarize_eval_set
-from dspark_lightning.measuring.eval_sets import EVAL_SETS, EvalSetName, datamodule_prompt_ids, is_prompt_file
+from dspark_lightning.measuring.eval_sets import (
+    KNOWN_EVAL_SETS,
+    EvalSetName,
+    datamodule_prompt_ids,
+    unknown_eval_sets,
+)
 from dspark_lightning.measuring.identity import record_decode, teacher_forced_blocks
 from dspark_lightning.measuring.in_training import decode_eval_set, eval_set_metrics
 from dspark_lightning.measuring.results import EvalSetSummary
@@ -68,11 +73,10 @@ class SpeculativeDecodingCallback(L.Callback):
             raise OptionError(f"SpeculativeDecodingCallback eval_set_limit must be >= 1, got {eval_set_limit}")
         # the names only: the files are read in setup, before the first step (an error raised here, inside
         # jsonargparse's instantiation of the callbacks list, would reach the user as a union-type parse error)
-        unknown = [name for name in eval_sets or () if name not in EVAL_SETS and not is_prompt_file(name)]
+        unknown = unknown_eval_sets(eval_sets or ())
         if unknown:
             raise OptionError(
-                f"SpeculativeDecodingCallback eval_sets: unknown eval sets {unknown}; known: {', '.join(EVAL_SETS)}, "
-                "or a prompt file ending .jsonl or .jsonl.gz"
+                f"SpeculativeDecodingCallback eval_sets: unknown eval sets {unknown}; known: {KNOWN_EVAL_SETS}"
             )
         self.eval_sets, self.eval_set_limit = list(eval_sets or ()), eval_set_limit
         self.heldout_files, self.heldout_split_by_id = heldout_files, heldout_split_by_id

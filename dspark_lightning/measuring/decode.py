@@ -160,8 +160,7 @@ def decode_command(
         )  # fmt: skip
         print_eval_set_table(rows)
         return rows
-    timed = baseline
-    _, plan = decode_plan(len(prompts), len(runnable), len(schedules), max_new_tokens, timed, packed_verify)
+    _, plan = decode_plan(len(prompts), len(runnable), len(schedules), max_new_tokens, baseline, packed_verify)
     print(f"decode: {plan}", flush=True)
     rows = decode_table(
         module, prompts, runnable, temperature, schedules, max_new_tokens, k, baseline=baseline,

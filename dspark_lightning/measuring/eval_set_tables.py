@@ -43,8 +43,7 @@ def measure_eval_sets(
     rows = []
     for name in names:
         prompts = datamodule_prompt_ids(data, name, limit, heldout_files, heldout_split)
-        timed = baseline
-        _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, timed, packed_verify)
+        _, plan = decode_plan(len(prompts), len(modes), len(schedules), max_new_tokens, baseline, packed_verify)
         print(f"eval set {name}: {plan}", flush=True)
 
         def finished(set_rows: list[MeasuredRow], name: str = name) -> None:
@@ -57,7 +56,7 @@ def measure_eval_sets(
                 on_rows(rows)
 
         decode_table(
-            module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=timed,
+            module, prompts, modes, temperature, schedules, max_new_tokens, k, baseline=baseline,
             packed_verify=packed_verify, progress=f"eval set {name}", on_rows=finished,
         )  # fmt: skip
     return rows

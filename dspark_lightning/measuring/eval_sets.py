@@ -185,6 +185,14 @@ def is_prompt_file(name: str) -> bool:
     return name not in EVAL_SETS and name.endswith(PROMPT_FILE_SUFFIXES)
 
 
+def unknown_eval_sets(names: Sequence[str]) -> list[str]:
+    """The names that are neither a key of :data:`EVAL_SETS` nor a prompt file's path."""
+    return [name for name in names if name not in EVAL_SETS and not is_prompt_file(name)]
+
+
+KNOWN_EVAL_SETS = f"{', '.join(sorted(EVAL_SETS))}, or a prompt file ending .jsonl or .jsonl.gz"
+
+
 def load_eval_set(
     name: str,
     *,
@@ -208,11 +216,8 @@ def load_eval_set(
     keeps all its problems; the longest is 525 tokens with the demo tokenizer): callers with a context limit check it.
     The benchmarks and prompt files are not filtered either, and keep each prompt's later turns (``follow_ups``).
     """
-    if name not in EVAL_SETS and not is_prompt_file(name):
-        raise EvalSetError(
-            f"unknown eval set {name!r}; known eval sets: {', '.join(sorted(EVAL_SETS))}, or a prompt file "
-            "ending .jsonl or .jsonl.gz"
-        )
+    if unknown_eval_sets([name]):
+        raise EvalSetError(f"unknown eval set {name!r}; known eval sets: {KNOWN_EVAL_SETS}")
     if limit is not None and limit < 1:
         raise EvalSetError(f"eval set {name!r}: limit must be >= 1, got {limit}")
     if form not in FORMS:

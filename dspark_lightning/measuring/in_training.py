@@ -11,7 +11,7 @@ import torch
 
 from dspark_lightning.decoding import speculative_generate
 from dspark_lightning.decoding.stats import DecodeStats, PromptDecodeRecord
-from dspark_lightning.measuring.eval_sets import PROMPT_FILE_SUFFIXES
+from dspark_lightning.measuring.eval_sets import is_prompt_file
 from dspark_lightning.measuring.results import EvalSetSummary
 from dspark_lightning.measuring.turns import Prompt, decode_turns, reply_ids
 
@@ -21,11 +21,7 @@ PREFIX = "val/decode"
 def metric_prefix(name: str, mode: str) -> str:
     """``val/decode/<set>/<mode>``: where one set's numbers in one mode are logged; a prompt file's set is named
     by its file name without ``.jsonl[.gz]`` (``prompts/my_chat.jsonl`` -> ``my_chat``)."""
-    label = (
-        os.path.basename(name).removesuffix(".gz").removesuffix(".jsonl")
-        if name.endswith(PROMPT_FILE_SUFFIXES)
-        else name
-    )
+    label = os.path.basename(name).removesuffix(".gz").removesuffix(".jsonl") if is_prompt_file(name) else name
     return f"{PREFIX}/{label}/{mode}"
 
 

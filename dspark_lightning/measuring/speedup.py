@@ -283,7 +283,9 @@ def measure_speedup(
     comparison = GenerateComparison(
         speedup=base_total / spec_total if spec_total > 0 else float("nan"),
         median_prompt_speedup=statistics.median(noise.prompt_speedups),
-        baseline_tokens_per_second=baseline_tokens / sum(baseline_seconds) if base_total > 0 else float("nan"),
+        baseline_tokens_per_second=baseline_tokens / sum(baseline_seconds)
+        if sum(baseline_seconds) > 0
+        else float("nan"),
         # every output equals generate's, or differs from it by a float tie only; sampled: not compared
         outputs_equal=None if sampled else not mismatches,
         mismatches=mismatches,

@@ -64,8 +64,7 @@ def decode_table(
     ``prompts_without_verify`` instead. ``progress``: a progress bar with this description over the timed runs.
     ``on_rows``: called with the rows so far after each one (``decode --json`` keeps what an interrupted run measured).
     """
-    timed = baseline
-    total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, timed, packed_verify)
+    total, _ = decode_plan(len(prompts), len(modes), len(thresholds), max_new_tokens, baseline, packed_verify)
     bar = progress_bar(progress, total, "runs") if progress else nullcontext(lambda n=1: None)
     runs_per_prompt = runs_per_timed_prompt(packed_verify)
     rows = []
@@ -78,7 +77,7 @@ def decode_table(
                     packed_verify=packed_verify,
                 )
                 label = dict(mode=mode, threshold=list(threshold) if isinstance(threshold, tuple) else threshold)
-                if timed:
+                if baseline:
                     on_prompt = lambda: advance(runs_per_prompt)  # noqa: E731
                     row = _timed_row(module, prompts, temperature, max_new_tokens, k, seed, schedule, on_prompt, label)
                 else:

@@ -282,27 +282,34 @@ def per_benchmark_smollm2() -> list[dict]:
     return [r for r in load_json(PER_BENCHMARK)["eval_sets"] if r["drafter"] == "smollm2"]
 
 
-def per_benchmark_row(drafter: str, temperature: float, eval_set: str) -> dict:
-    (r,) = [r for r in load_json(PER_BENCHMARK)["eval_sets"]
-            if (r["drafter"], r["temperature"], r["eval_set"]) == (drafter, temperature, eval_set)]  # fmt: skip
+def only(rows: list[dict], **fields) -> dict:
+    """The one row whose fields have these values."""
+    (r,) = [r for r in rows if all(r[key] == value for key, value in fields.items())]
     return r
 
 
+def per_benchmark_row(drafter: str, temperature: float, eval_set: str) -> dict:
+    return only(load_json(PER_BENCHMARK)["eval_sets"], drafter=drafter, temperature=temperature, eval_set=eval_set)
+
+
 def per_benchmark_head(eval_set: str) -> Callable[[], str]:
+    """A thunk: the vanilla head minus no heads on one set, ``+0.101 [+0.066, +0.138]``."""
+
     def value():
-        (d,) = [d for d in load_json(PER_BENCHMARK)["head_differences"] if d["eval_set"] == eval_set]
+        d = only(load_json(PER_BENCHMARK)["head_differences"], eval_set=eval_set)
         return "{:+.3f} [{:+.3f}, {:+.3f}]".format(d["delta_tau"], *d["delta_tau_ci"])
 
     return value
 
 
-def per_benchmark_vllm(batch_size: int, dtype: str = "float32") -> Callable[[], str]:
-    def value():
-        (r,) = [r for r in load_json(PER_BENCHMARK)["vllm"]
-                if (r["dtype"], r["engine"], r["batch_size"]) == (dtype, "vLLM", batch_size)]  # fmt: skip
-        return "{:.3f}x [{:.3f}, {:.3f}]".format(r["speedup"], *r["speedup_ci"])
+def per_benchmark_vllm_row(batch_size: int, dtype: str = "float32", engine: str = "vLLM") -> dict:
+    return only(load_json(PER_BENCHMARK)["vllm"], dtype=dtype, engine=engine, batch_size=batch_size)
 
-    return value
+
+def per_benchmark_vllm(batch_size: int, dtype: str = "float32") -> Callable[[], str]:
+    return lambda: "{:.3f}x [{:.3f}, {:.3f}]".format(
+        (r := per_benchmark_vllm_row(batch_size, dtype))["speedup"], *r["speedup_ci"]
+    )
 
 
 def per_benchmark_rows(data: dict) -> dict:
@@ -1146,13 +1153,8 @@ LEDGER = {
              lambda: fmt(per_benchmark_row("smollm2", 0.0, "mbpp")["measured_tau"], ".3f")),
             ("{}x of bf16 `generate`", lambda: span([r["speedup"] for r in per_benchmark_smollm2() if r["temperature"] == 0.0], ".3f")),
             ("{}x at T = 1", lambda: span([r["speedup"] for r in per_benchmark_smollm2() if r["temperature"] == 1.0], ".3f")),
-            ("the Markov head {} on sharegpt_heldout", lambda: "{:+.3f} [{:+.3f}, {:+.3f}]".format(
-                *(lambda d: (d["delta_tau"], *d["delta_tau_ci"]))(next(
-                    d for d in load_json(PER_BENCHMARK)["head_differences"] if d["eval_set"] == "sharegpt_heldout")))),
-            ("inside vLLM {} at batch size 1", lambda: "{:.3f}x [{:.3f}, {:.3f}]".format(
-                *(lambda r: (r["speedup"], *r["speedup_ci"]))(next(
-                    r for r in load_json(PER_BENCHMARK)["vllm"]
-                    if (r["dtype"], r["engine"], r["batch_size"]) == ("float32", "vLLM", 1))))),
+            ("the Markov head {} on sharegpt_heldout", per_benchmark_head("sharegpt_heldout")),
+            ("inside vLLM {} at batch size 1", per_benchmark_vllm(1)),
         ],
         context=["T = 1", "float32"],
     ),

@@ -742,7 +742,7 @@ TABLES = {
 # Tables a script writes whole from the raw file: the page must be what the script makes of that file today.
 
 # -------------------------------------------------------------------------------------------------- per_benchmark/
-PER_BENCHMARK = "experiments/per_benchmark/results.json"
+PER_BENCHMARK = doc.PER_BENCHMARK
 PER_BENCHMARK_RAW = ROOT / "experiments/per_benchmark/raw"
 
 
@@ -751,11 +751,7 @@ def per_benchmark_report():
 
 
 def bench(drafter: str, temperature: float, eval_set: str) -> dict:
-    (r,) = [
-        r for r in load_json(PER_BENCHMARK)["eval_sets"]
-        if (r["drafter"], r["temperature"], r["eval_set"]) == (drafter, temperature, eval_set)
-    ]  # fmt: skip
-    return r
+    return doc.per_benchmark_row(drafter, temperature, eval_set)
 
 
 def bench_ci(drafter: str, temperature: float, eval_set: str, key: str = "measured_tau", suffix: str = ""):
@@ -767,22 +763,11 @@ def bench_value(drafter: str, temperature: float, eval_set: str, key: str, spec:
     return lambda: fmt(bench(drafter, temperature, eval_set)[key], spec)
 
 
-def head_delta(eval_set: str):
-    """A thunk: the vanilla head minus no heads on one set, ``+0.052 [+0.021, +0.085]``."""
-
-    def value():
-        (d,) = [d for d in load_json(PER_BENCHMARK)["head_differences"] if d["eval_set"] == eval_set]
-        return "{:+.3f} [{:+.3f}, {:+.3f}]".format(d["delta_tau"], *d["delta_tau_ci"])
-
-    return value
+head_delta = doc.per_benchmark_head
 
 
 def vllm_row(dtype: str, engine: str, batch_size: int) -> dict:
-    (r,) = [
-        r for r in load_json(PER_BENCHMARK)["vllm"]
-        if (r["dtype"], r["engine"], r["batch_size"]) == (dtype, engine, batch_size)
-    ]  # fmt: skip
-    return r
+    return doc.per_benchmark_vllm_row(batch_size, dtype, engine)
 
 
 def vllm_ci(dtype: str, engine: str, batch_size: int):
